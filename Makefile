@@ -1,0 +1,49 @@
+# Kiln: every target creates .venv and installs what it needs, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+KILN := $(VENV)/bin/kiln
+# Tests also exercise .pt2 import, so they install the torch extra (a local CPU wheel).
+DEV_EXTRAS ?= dev,torch
+
+.PHONY: run test lint format bench install dev clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[$(DEV_EXTRAS)]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+dev: $(VENV)/.installed-dev
+
+## run: tune the bundled example CNN on this CPU and print untuned vs tuned latency
+run: install
+	$(KILN) tune examples/small_cnn.onnx --trials $${KILN_RUN_TRIALS:-64} --out out/
+
+## test: the whole suite (unit + integration; PostgreSQL tests run when KILN_TEST_DATABASE_URL is set)
+test: dev
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: dev
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+## bench: side-by-side benchmarks (minutes); figures go to bench/RESULTS.md
+bench: dev
+	$(PY) bench/matmul.py
+	$(PY) bench/model.py
+
+clean:
+	rm -rf $(VENV) kiln-data out bench/work .pytest_cache

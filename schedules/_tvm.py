@@ -1,0 +1,139 @@
+"""The one module that imports TVM, so that the next rename of a TVM path is a one-line change here.
+
+Importing this module also fixes two traps of TVM 0.27 on x86 CPUs before TVM starts:
+
+* the runtime thread pool uses half of ``hardware_concurrency()`` unless ``TVM_NUM_THREADS`` is set,
+  which on a machine without SMT means half of the real cores;
+* ``import tvm.s_tir.tensor_intrin`` takes ~26 s (mostly CUDA intrinsics) and both ``TuneContext`` and the
+  stock builder import it; :func:`register_cpu_tensor_intrinsics` registers only the CPU ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+
+
+def physical_core_count() -> int:
+    """Number of physical CPU cores (what TVM's thread pool should use)."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+os.environ.setdefault("TVM_NUM_THREADS", str(physical_core_count()))
+
+import tvm  # noqa: E402
+import tvm.s_tir  # noqa: E402
+import tvm_ffi  # noqa: E402
+from tvm import relax, s_tir  # noqa: E402
+from tvm.ir.utils import derived_object  # noqa: E402
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+from tvm.target import Target  # noqa: E402
+
+_TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu")) -> None:
+    """Register only the CPU tensor intrinsics instead of importing all of ``tvm.s_tir.tensor_intrin``.
+
+    Installs a package stub under the real name, so later ``import tvm.s_tir.tensor_intrin`` (inside
+    ``TuneContext`` or a builder) is a no-op.
+    """
+    if _TENSOR_INTRIN in sys.modules:
+        return
+    stub = types.ModuleType(_TENSOR_INTRIN)
+    stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
+    sys.modules[_TENSOR_INTRIN] = stub
+    for name in keep:
+        importlib.import_module(f"{_TENSOR_INTRIN}.{name}")
+
+
+def structural_hash(obj: object) -> str:
+    """The structural hash MetaSchedule uses to key workloads, as a decimal string."""
+    return str(tvm_ffi.structural_hash(obj))
+
+
+def structural_equal(lhs: object, rhs: object) -> bool:
+    """Structural equality of two TVM IR objects."""
+    return bool(tvm_ffi.structural_equal(lhs, rhs))
+
+
+def estimate_flops(mod: tvm.IRModule) -> float:
+    """FLOP count TVM estimates for a TIR module (0 when it cannot tell)."""
+    try:
+        return float(tvm.s_tir.analysis.estimate_tir_flops(mod))
+    except Exception:  # noqa: BLE001 - the estimator rejects some opaque blocks; 0 means "unknown"
+        return 0.0
+
+
+__all__ = [
+    "PopenPoolExecutor",
+    "StatusKind",
+    "Target",
+    "build_worker_func",
+    "serialize_build_params",
+    "build_candidate",
+    "derived_object",
+    "estimate_flops",
+    "ms",
+    "physical_core_count",
+    "register_cpu_tensor_intrinsics",
+    "relax",
+    "s_tir",
+    "structural_equal",
+    "structural_hash",
+    "tuning_record_json",
+    "tvm",
+    "tvm_ffi",
+]
+
+
+def build_candidate(mod: tvm.IRModule, target: Target, _params: object) -> object:
+    """MetaSchedule builder function: TVM's ``default_build`` without the tensor-intrinsic import.
+
+    ``LocalBuilder`` restarts its worker pool for every batch, and the stock function pays the ~26 s
+    ``import tvm.s_tir.tensor_intrin`` in each new worker.
+    """
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+def _plain_json(obj: object) -> object:
+    """TVM JSON containers -> plain Python; IndexMaps become their ``save_json`` text.
+
+    TVM 0.27's ``TuningRecord.as_json`` leaves the ``IndexMap`` of a ``TransformLayout`` instruction
+    (emitted by weight-layout rewriting) in the tree, where Python's converter raises; the C++
+    ``JSONDatabase`` writes it as ``save_json`` text, and ``TuningRecord.from_json`` reads that form.
+    """
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, tvm.tirx.IndexMap):
+        return tvm.ir.save_json(obj)
+    if isinstance(obj, tvm.tirx.IntImm | tvm.tirx.FloatImm):
+        return obj.value
+    if isinstance(obj, tvm_ffi.Map | dict):
+        return {str(_plain_json(k)): _plain_json(v) for k, v in obj.items()}
+    if isinstance(obj, tvm_ffi.Array | list | tuple):
+        return [_plain_json(item) for item in obj]
+    raise TypeError(f"cannot convert {type(obj).__name__} in a tuning record to JSON")
+
+
+def tuning_record_json(record: object) -> list[object]:
+    """A MetaSchedule ``TuningRecord`` as plain JSON: ``[trace, run_secs, target, args_info]``."""
+    return _plain_json(ms._ffi_api.TuningRecordAsJSON(record))  # type: ignore[attr-defined,return-value]
+
+
+# MetaSchedule's per-candidate build step, run inside builder worker processes.
+from tvm.s_tir.meta_schedule.builder.local_builder import (  # noqa: E402
+    _serialize_params as serialize_build_params,
+)
+from tvm.s_tir.meta_schedule.builder.local_builder import (  # noqa: E402
+    _worker_func as build_worker_func,
+)
+from tvm.support.popen_pool import PopenPoolExecutor, StatusKind  # noqa: E402

@@ -1,0 +1,74 @@
+"""Fixtures shared by every test suite: a database on each backend, a migrated store, settings.
+
+PostgreSQL runs only when ``KILN_TEST_DATABASE_URL`` points at a server (``.ci/run`` starts one; locally:
+``line=$(bash .ci/postgres.sh start /tmp/kiln-pg) && eval "$line"``). Each test gets its own schema on
+that server, reached through the connection's ``search_path``, and dropped afterwards: tests never see
+each other's rows, and the schema name is random so parallel runs cannot collide either.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tuner.settings import Settings
+from tuner.store import Store
+
+POSTGRES_URL_ENV = "KILN_TEST_DATABASE_URL"
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+]
+
+
+def _postgres_schema_url(base_url: str, schema: str) -> str:
+    url = sa.make_url(base_url)
+    # libpq's "options" sets search_path for every connection of the engine, alembic's included.
+    url = url.update_query_dict({"options": f"-csearch_path={schema}"})
+    return url.render_as_string(hide_password=False)
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of an empty database, on SQLite (always) and on PostgreSQL (when configured)."""
+    if request.param == "sqlite":
+        # Not kiln.db: that name belongs to the `settings` fixture's database in the same tmp_path.
+        yield f"sqlite:///{tmp_path / 'kiln-test.db'}"
+        return
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(f"PostgreSQL backend not tested: set {POSTGRES_URL_ENV} (bash .ci/postgres.sh start DIR)")
+    schema = f"kiln_test_{uuid.uuid4().hex[:16]}"
+    admin = sa.create_engine(base_url, poolclass=sa.NullPool)
+    try:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        yield _postgres_schema_url(base_url, schema)
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.dispose()
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    """A store with the current schema, on each backend."""
+    s = Store(database_url)
+    s.upgrade()
+    try:
+        yield s
+    finally:
+        s.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Settings with every file (SQLite database, models, jobs) under the test's tmp_path."""
+    # Explicit database_url=None: a KILN_DATABASE_URL in the environment must not leak into tests.
+    return Settings(data_dir=tmp_path, database_url=None)

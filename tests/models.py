@@ -1,0 +1,151 @@
+"""Small, seeded models shared by the tests and by ``examples/make_examples.py``.
+
+ONNX builders use only ``onnx.helper`` and NumPy. The PyTorch builders import torch lazily, so this
+module imports without the ``torch`` extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+if TYPE_CHECKING:
+    import torch
+
+OPSET = 17
+IR_VERSION = 8  # the oldest IR that opset 17 allows, so older runtimes read the files too
+
+Batch = int | str  # a fixed batch size, or the name of a dynamic batch dimension
+
+
+def _he(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
+    """Kaiming-normal weights: keeps activations near unit scale through ReLU layers."""
+    return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+
+def _small(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 0.1) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _model(graph: onnx.GraphProto, opset: int = OPSET) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="kiln-tests"
+    )
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def build_mlp(batch: Batch = 1, seed: int = 0) -> onnx.ModelProto:
+    """MLP: input ``x`` [batch, 256] -> Gemm 256x512 + Relu -> Gemm 512x10 -> output ``y`` [batch, 10]."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        numpy_helper.from_array(_he(rng, (256, 512), 256), "fc1.weight"),
+        numpy_helper.from_array(_small(rng, (512,)), "fc1.bias"),
+        numpy_helper.from_array(_he(rng, (512, 10), 512), "fc2.weight"),
+        numpy_helper.from_array(_small(rng, (10,)), "fc2.bias"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["fc1"], name="fc1"),
+        helper.make_node("Relu", ["fc1"], ["relu1"], name="relu1"),
+        helper.make_node("Gemm", ["relu1", "fc2.weight", "fc2.bias"], ["y"], name="fc2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+        inits,
+    )
+    return _model(graph)
+
+
+def build_small_cnn(batch: Batch = 1, seed: int = 0, image_size: int = 32) -> onnx.ModelProto:
+    """Small CNN on input ``x`` [batch, 3, H, W] with H = W = ``image_size``.
+
+    Conv 3->16 3x3 pad 1 + BatchNormalization + Relu, Conv 16->32 3x3 stride 2 pad 1 + BN + Relu,
+    Conv 32->32 3x3 pad 1 + Relu, GlobalAveragePool, Flatten, Gemm 32->10 -> output ``y`` [batch, 10].
+    """
+    rng = np.random.default_rng(seed)
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def add(name: str, array: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    def conv(x: str, name: str, c_in: int, c_out: int, stride: int) -> str:
+        w = add(f"{name}.weight", _he(rng, (c_out, c_in, 3, 3), c_in * 9))
+        b = add(f"{name}.bias", _small(rng, (c_out,)))
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                [x, w, b],
+                [name],
+                name=name,
+                kernel_shape=[3, 3],
+                pads=[1, 1, 1, 1],
+                strides=[stride, stride],
+            )
+        )
+        return name
+
+    def batch_norm(x: str, name: str, c: int) -> str:
+        scale = add(f"{name}.scale", (1.0 + _small(rng, (c,))).astype(np.float32))
+        bias = add(f"{name}.bias", _small(rng, (c,)))
+        mean = add(f"{name}.mean", _small(rng, (c,)))
+        var = add(f"{name}.var", rng.uniform(0.5, 1.5, (c,)).astype(np.float32))
+        nodes.append(
+            helper.make_node(
+                "BatchNormalization", [x, scale, bias, mean, var], [name], name=name, epsilon=1e-5
+            )
+        )
+        return name
+
+    def relu(x: str, name: str) -> str:
+        nodes.append(helper.make_node("Relu", [x], [name], name=name))
+        return name
+
+    h = relu(batch_norm(conv("x", "conv1", 3, 16, 1), "bn1", 16), "relu1")
+    h = relu(batch_norm(conv(h, "conv2", 16, 32, 2), "bn2", 32), "relu2")
+    h = relu(conv(h, "conv3", 32, 32, 1), "relu3")
+    nodes.append(helper.make_node("GlobalAveragePool", [h], ["pool"], name="pool"))
+    nodes.append(helper.make_node("Flatten", ["pool"], ["flat"], name="flatten", axis=1))
+    w = add("fc.weight", _he(rng, (32, 10), 32))
+    b = add("fc.bias", _small(rng, (10,)))
+    nodes.append(helper.make_node("Gemm", ["flat", w, b], ["y"], name="fc"))
+    graph = helper.make_graph(
+        nodes,
+        "small_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, image_size, image_size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+        inits,
+    )
+    return _model(graph)
+
+
+def build_torch_mlp(seed: int = 0) -> torch.nn.Module:
+    """A small PyTorch MLP (Linear 16->32, ReLU, Linear 32->4) in eval mode. Needs torch."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+
+
+def save_torch_program(
+    module: torch.nn.Module,
+    example: tuple[Any, ...],
+    path: Path,
+    dynamic_shapes: Any = None,
+) -> Path:
+    """Export ``module`` with ``torch.export.export`` and save it to ``path`` (a .pt2 file)."""
+    import torch
+
+    with torch.no_grad():
+        program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
+    torch.export.save(program, path)
+    return path

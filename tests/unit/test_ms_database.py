@@ -1,0 +1,220 @@
+"""KilnDatabase: MetaSchedule's Database over the store, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from schedules._tvm import ms, register_cpu_tensor_intrinsics, s_tir, structural_hash, tvm
+from tuner.entities import JobSpec, ModelFormat, ModelSignature
+from tuner.store import Store
+from tuner.store.ms_database import KilnDatabase
+
+TARGET_KEY = "llvm|test-cpu|num-cores=2"
+OTHER_TARGET_KEY = "llvm|another-cpu|num-cores=2"
+
+# The builder's worker processes cannot import this test module by name; ship fast_build by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def fast_build(mod: Any, target: Any, _params: Any) -> Any:
+    """LocalBuilder's default build without its ~26 s ``import tvm.s_tir.tensor_intrin`` per batch."""
+    from schedules._tvm import tvm
+
+    mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.driver.build(mod, target=target)
+
+
+def matmul(n: int = 64) -> tvm.IRModule:
+    """An n x n x n float32 matmul as a TIR module (a fresh object each call)."""
+    te = tvm.te
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def target(mcpu: str | None = None) -> tvm.target.Target:
+    """The machine's CPU, 2 cores, as MetaSchedule wants it."""
+    return tvm.target.Target(
+        {"kind": "llvm", "mcpu": mcpu or tvm.target.codegen.llvm_get_system_cpu(), "num-cores": 2}
+    )
+
+
+def make_record(mod: tvm.IRModule, run_secs: list[float]) -> ms.database.TuningRecord:
+    """A record with an empty trace (the unscheduled function) and the given run times."""
+    func = mod["main"]
+    return ms.database.TuningRecord(
+        s_tir.Schedule(mod).trace,
+        ms.database.Workload(mod),
+        run_secs,
+        target(),
+        ms.arg_info.ArgInfo.from_prim_func(func),
+    )
+
+
+def detach_unnamed_ms_log_handlers() -> None:
+    """Work around MetaSchedule's logging setup failing on a second tuning run inside pytest.
+
+    pytest (>= 8) attaches its unnamed capture handlers to non-propagating loggers, such as the one
+    MetaSchedule configures on its first run; on the next run MetaSchedule's ``create_loggers`` lists
+    the logger's handler names, meets ``None`` and fails with "'NoneType' object has no attribute 'format'".
+    """
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in [h for h in logger.handlers if h.get_name() is None]:
+        logger.removeHandler(handler)
+
+
+def make_job(store: Store, target_key: str = TARGET_KEY) -> str:
+    model, _ = store.add_model(
+        name="matmul",
+        format=ModelFormat.ONNX,
+        sha256="0" * 64,
+        size_bytes=1,
+        signature=ModelSignature(inputs=(), outputs=()),
+        blob_path="models/0.onnx",
+    )
+    spec = JobSpec(model_id=model.id, target={"kind": "llvm", "num-cores": 2}, trials=8)
+    return store.create_job(spec, target_key).id
+
+
+def mean(record: ms.database.TuningRecord) -> float:
+    return float(np.mean([float(x) for x in record.run_secs]))
+
+
+def test_workloads_are_deduplicated_by_structure(store: Store) -> None:
+    db = KilnDatabase(store, TARGET_KEY)
+    mod = matmul(64)
+    assert not db.has_workload(mod)
+    assert db.workload_id(mod) is None
+    first = db.commit_workload(mod)
+    wid = db.workload_id(mod)
+    assert wid is not None
+    assert db.commit_workload(mod).same_as(first)
+    # A structurally equal module built separately, and a database with a cold cache, find the same row.
+    assert db.commit_workload_id(matmul(64)) == wid
+    assert KilnDatabase(store, OTHER_TARGET_KEY).workload_id(matmul(64)) == wid
+    assert db.has_workload(matmul(64))
+    assert not db.has_workload(matmul(32))
+    assert db.commit_workload_id(matmul(32)) != wid
+    assert len(store.find_workloads(structural_hash(mod))) == 1
+    assert "T.sblock" in store.get_workload_script(wid) or "T.block" in store.get_workload_script(wid)
+
+
+def test_hash_collisions_are_resolved_by_structural_equality(store: Store) -> None:
+    mod, other = matmul(64), matmul(32)
+    shash = structural_hash(mod)
+    # Pretend `other` hashed like `mod`: a row under mod's hash holding a different workload.
+    impostor_json = json.dumps(ms.database.Workload(other).as_json())
+    impostor = store.add_workload(shash, impostor_json, other.script())
+    db = KilnDatabase(store, TARGET_KEY)
+    assert db.workload_id(mod) is None
+    wid = db.commit_workload_id(mod)
+    assert wid != impostor
+    assert [w for w, _ in store.find_workloads(shash)] == [impostor, wid]
+    assert KilnDatabase(store, TARGET_KEY).workload_id(mod) == wid
+
+
+def test_records_are_bound_to_target_and_job(store: Store) -> None:
+    job_id = make_job(store)
+    commits: list[tuple[int, list[float]]] = []
+    db = KilnDatabase(store, TARGET_KEY, job_id=job_id, on_commit=lambda w, s: commits.append((w, s)))
+    mod = matmul(64)
+    workload = db.commit_workload(mod)
+    for secs in ([3e-3], [1e10], [1e-3, 1e-3], [2e-3]):
+        db.commit_tuning_record(make_record(mod, secs))
+
+    wid = db.workload_id(mod)
+    assert commits == [(wid, [3e-3]), (wid, [1e10]), (wid, [1e-3, 1e-3]), (wid, [2e-3])]
+    assert len(db) == 4
+    assert [mean(r) for r in db.get_top_k(workload, 10)] == pytest.approx([1e-3, 2e-3, 3e-3])
+    assert [mean(r) for r in db.get_top_k(workload, 1)] == pytest.approx([1e-3])
+    assert db.get_top_k(workload, 0) == []
+    assert len(db.get_all_tuning_records()) == 4  # the failed candidate is kept
+    records = store.list_records(workload_id=wid)
+    assert {(r.job_id, r.target_key) for r in records} == {(job_id, TARGET_KEY)}
+    assert db.query_schedule(mod, target(), workload_name="main") is not None
+
+    other = KilnDatabase(store, OTHER_TARGET_KEY)
+    assert other.has_workload(mod)  # workloads are shared ...
+    assert len(other) == 0  # ... records are not
+    assert other.get_top_k(other.commit_workload(mod), 5) == []
+    assert other.get_all_tuning_records() == []
+    assert other.query_tuning_record(mod, target(), workload_name="main") is None
+    assert other.query_schedule(mod, target(), workload_name="main") is None
+
+    # Another job on the same target starts warm from these records.
+    warm = KilnDatabase(store, TARGET_KEY, job_id=make_job(store, TARGET_KEY))
+    assert len(warm.get_top_k(warm.commit_workload(matmul(64)), 3)) == 3
+
+
+def test_a_failing_on_commit_hook_does_not_lose_the_record(store: Store) -> None:
+    def broken(_workload_id: int, _run_secs: list[float]) -> None:
+        raise RuntimeError("progress endpoint down")
+
+    db = KilnDatabase(store, TARGET_KEY, on_commit=broken)
+    db.commit_tuning_record(make_record(matmul(64), [1e-3]))
+    assert len(db) == 1
+
+
+@pytest.mark.slow
+def test_tune_tir_writes_records_that_survive_a_reopen(store: Store, tmp_path: Path) -> None:
+    register_cpu_tensor_intrinsics()
+    job_id = make_job(store)
+    committed: list[int] = []
+    db = KilnDatabase(store, TARGET_KEY, job_id=job_id, on_commit=lambda w, s: committed.append(w))
+    mod, tgt = matmul(64), target()
+    detach_unnamed_ms_log_handlers()
+    ms.tune_tir(
+        mod=mod,
+        target=tgt,
+        work_dir=str(tmp_path / "work"),
+        max_trials_global=8,
+        num_trials_per_iter=8,
+        database=db,
+        builder=ms.builder.LocalBuilder(max_workers=1, f_build=fast_build),
+        runner=ms.runner.LocalRunner(
+            evaluator_config=ms.runner.EvaluatorConfig(
+                number=2, repeat=1, min_repeat_ms=5, enable_cpu_cache_flush=False
+            )
+        ),
+        cost_model=ms.cost_model.RandomModel(),
+        strategy=ms.search_strategy.EvolutionarySearch(population_size=32, genetic_num_iters=1),
+        num_tuning_cores=1,
+        seed=0,
+    )
+    assert committed, "tuning committed no record"
+    assert not list((tmp_path / "work").glob("database_*.json")), "records went to a JSON database"
+
+    # A new process would see exactly this: a new engine and a new database object with a cold cache.
+    reopened = Store(store.url)
+    try:
+        again = KilnDatabase(reopened, TARGET_KEY)
+        assert len(again) == len(committed) == reopened.count_records(job_id=job_id)
+        records = reopened.list_records(job_id=job_id)
+        assert {(r.job_id, r.target_key) for r in records} == {(job_id, TARGET_KEY)}
+        assert any(r.mean_latency_us is not None for r in records)
+
+        sch = again.query_schedule(matmul(64), tgt, workload_name="main")
+        assert sch is not None
+        assert len(sch.trace.insts) > 0
+        lib = tvm.compile(sch.mod, target=tgt)
+        rng = np.random.default_rng(0)
+        a, b = (rng.standard_normal((64, 64), dtype=np.float32) for _ in range(2))
+        out = tvm.runtime.tensor(np.zeros((64, 64), np.float32))
+        lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+        np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+        elsewhere = KilnDatabase(reopened, OTHER_TARGET_KEY)
+        assert elsewhere.query_schedule(matmul(64), tgt, workload_name="main") is None
+        assert len(elsewhere) == 0
+    finally:
+        reopened.dispose()

@@ -1,0 +1,139 @@
+"""The downloadable artifact: ``model.so``, ``manifest.json``, the tuning records and ``run.py``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tarfile
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedules._tvm import ms
+
+RECORDS_PER_WORKLOAD = 32
+
+RUN_PY = '''"""Load and run this Kiln artifact with plain Apache TVM (apache-tvm==0.27.0.post1).
+
+    python run.py            # random inputs from manifest.json; prints outputs and latency
+"""
+import json
+import os
+import time
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+manifest = json.loads((here / "manifest.json").read_text())
+# TVM uses half the cores on x86 unless told; use the core count the model was tuned for.
+os.environ.setdefault("TVM_NUM_THREADS", str(manifest["target"].get("num-cores", os.cpu_count())))
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+from tvm import relax  # noqa: E402
+
+lib = tvm.runtime.load_module(str(here / "model.so"))
+vm = relax.VirtualMachine(lib, tvm.cpu())
+# Weights were pre-packed at compile time; this returns them (an empty list when they are constants).
+params = list(vm["main_transform_params"]([])) if vm.module.implements_function("main_transform_params") else []
+
+rng = np.random.default_rng(0)
+inputs = [rng.standard_normal(spec["shape"]).astype(spec["dtype"]) for spec in manifest["inputs"]]
+args = [tvm.runtime.tensor(x) for x in inputs] + params
+outputs = vm["main"](*args)
+outputs = [outputs] if hasattr(outputs, "numpy") else list(outputs)
+for spec, out in zip(manifest["outputs"], outputs):
+    print(spec["name"], out.numpy().shape, out.numpy().ravel()[:5])
+
+timer = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=20, min_repeat_ms=100)
+print(f"latency: {timer(*args).median * 1e3:.3f} ms (manifest says {manifest['latency']['tuned_ms']:.3f} ms)")
+'''
+
+
+@dataclass(frozen=True)
+class ArtifactFile:
+    """Where an artifact was written."""
+
+    path: Path
+    sha256: str
+    size_bytes: int
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_records(
+    rows: list[tuple[int, str, str]], dest: Path, per_workload: int = RECORDS_PER_WORKLOAD
+) -> int:
+    """Write records in MetaSchedule's JSON database layout, loadable by ``ms.database.JSONDatabase``.
+
+    ``rows`` are ``(workload_id, workload_json, record_json)``; the fastest ``per_workload`` valid
+    records of each workload are kept. Returns the number of records written.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    by_workload: dict[int, list[tuple[float, str, str]]] = defaultdict(list)
+    for wid, wjson, rjson in rows:
+        run_secs = [float(s) for s in json.loads(rjson)[1] or []]
+        if not run_secs:
+            continue
+        by_workload[wid].append((sum(run_secs) / len(run_secs), wjson, rjson))
+    jdb = ms.database.JSONDatabase(
+        path_workload=str(dest / "database_workload.json"),
+        path_tuning_record=str(dest / "database_tuning_record.json"),
+        allow_missing=True,
+    )
+    written = 0
+    for entries in by_workload.values():
+        entries.sort(key=lambda e: e[0])
+        workload = jdb.commit_workload(ms.database.Workload.from_json(json.loads(entries[0][1])).mod)
+        for _, _, rjson in entries[:per_workload]:
+            jdb.commit_tuning_record(ms.database.TuningRecord.from_json(json.loads(rjson), workload))
+            written += 1
+    return written
+
+
+def pack_artifact(
+    executable: Any,
+    manifest: dict[str, Any],
+    record_rows: list[tuple[int, str, str]],
+    dest: Path,
+) -> ArtifactFile:
+    """Export the library, write manifest, records and run.py, and pack them into ``dest`` (.tar.gz)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kiln-artifact-") as tmp:
+        root = Path(tmp)
+        executable.export_library(str(root / "model.so"))
+        manifest = dict(manifest)
+        manifest["records"] = write_records(record_rows, root / "records")
+        manifest["files"] = [
+            "model.so",
+            "manifest.json",
+            "run.py",
+            "records/database_workload.json",
+            "records/database_tuning_record.json",
+        ]
+        (root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        (root / "run.py").write_text(RUN_PY)
+        partial = dest.with_suffix(dest.suffix + ".partial")
+        with tarfile.open(partial, "w:gz") as tar:
+            for name in sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()):
+                tar.add(root / name, arcname=name)
+        shutil.move(partial, dest)
+    return ArtifactFile(path=dest, sha256=file_sha256(dest), size_bytes=dest.stat().st_size)
+
+
+def read_manifest(artifact: Path) -> dict[str, Any]:
+    """The manifest of a packed artifact."""
+    with tarfile.open(artifact, "r:gz") as tar:
+        member = tar.extractfile("manifest.json")
+        if member is None:
+            raise FileNotFoundError(f"{artifact} has no manifest.json")
+        return json.loads(member.read())

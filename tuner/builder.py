@@ -1,0 +1,74 @@
+"""A MetaSchedule builder whose worker processes live across batches.
+
+TVM's ``LocalBuilder`` starts a new process pool for every batch (to contain a slow memory leak in
+long-lived workers). Each new worker imports TVM (1-5 s here, more with torch installed), which for small
+kernels costs far more than building them. This builder keeps its pool and recycles it every
+``recycle_after`` batches instead; a worker that times out or crashes is replaced by the pool itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from schedules._tvm import (
+    PopenPoolExecutor,
+    StatusKind,
+    build_candidate,
+    build_worker_func,
+    derived_object,
+    ms,
+    serialize_build_params,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _build_one(args: tuple[Any, ...]) -> str:
+    return build_worker_func(*args)
+
+
+@derived_object
+class PooledBuilder(ms.builder.PyBuilder):
+    """Builds candidates in a persistent pool of worker processes."""
+
+    def __init__(self, max_workers: int, timeout_sec: float = 60.0, recycle_after: int = 25) -> None:
+        super().__init__()
+        self.max_workers = max_workers
+        self.timeout_sec = timeout_sec
+        self.recycle_after = recycle_after
+        self._pool: Any = None
+        self._batches = 0
+
+    def _ensure_pool(self) -> Any:
+        if self._pool is not None and self._batches >= self.recycle_after:
+            self.shutdown()
+        if self._pool is None:
+            self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec)
+            self._batches = 0
+        self._batches += 1
+        return self._pool
+
+    def build(self, build_inputs: list[Any]) -> list[Any]:
+        pool = self._ensure_pool()
+        jobs = [
+            (build_candidate, None, item.mod, item.target, serialize_build_params(item.params))
+            for item in build_inputs
+        ]
+        results = []
+        for outcome in pool.map_with_error_catching(_build_one, jobs):
+            if outcome.status == StatusKind.COMPLETE:
+                results.append(ms.builder.BuilderResult(outcome.value, None))
+            elif outcome.status == StatusKind.TIMEOUT:
+                results.append(
+                    ms.builder.BuilderResult(None, f"build timed out after {self.timeout_sec:g} s")
+                )
+            else:
+                results.append(ms.builder.BuilderResult(None, f"build failed: {outcome.value}"))
+        return results
+
+    def shutdown(self) -> None:
+        """Stop the worker processes."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

@@ -1,0 +1,353 @@
+"""The ``kiln`` command line: tune a model, inspect its tasks, list jobs, export results, manage the DB."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner.entities import FusionSummary, Job, JobSpec, Task
+from tuner.errors import KilnError, TuningFailed
+from tuner.settings import Settings
+
+app = typer.Typer(
+    name="kiln",
+    help="Kiln: auto-tune deep-learning models with Apache TVM MetaSchedule.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+console = Console()
+err_console = Console(stderr=True)
+
+TargetOpt = Annotated[str, typer.Option("--target", help="'host' (this CPU) or a TVM target as JSON")]
+ShapeOpt = Annotated[
+    list[str] | None,
+    typer.Option("--input-shape", help="Shape of an input, e.g. x=1x3x224x224 (repeatable)"),
+]
+
+
+class _State:
+    settings: Settings = Settings()
+
+
+def _store() -> Any:
+    from tuner.store.sql import Store
+
+    store = Store.from_settings(_State.settings)
+    store.ensure_schema(auto_create=True)
+    return store
+
+
+@app.callback()
+def _global(
+    data_dir: Annotated[Path | None, typer.Option(help="Data directory [env KILN_DATA_DIR]")] = None,
+    database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL [env KILN_DATABASE_URL]")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what Kiln does")] = False,
+) -> None:
+    """Global options; every one also reads its KILN_* environment variable."""
+    overrides: dict[str, Any] = {}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if database_url is not None:
+        overrides["database_url"] = database_url
+    _State.settings = Settings(**overrides)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _fmt(value: float | None, spec: str = ".1f", none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def _task_table(tasks: list[Task], title: str) -> Table:
+    from tuner.tune import gflops
+
+    table = Table(title=title)
+    for col in ("#", "task", "weight", "MFLOP", "trials", "best µs", "GFLOP/s"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for i, t in enumerate(tasks):
+        table.add_row(
+            str(i),
+            t.name,
+            str(t.weight),
+            f"{t.flops / 1e6:.3f}",
+            str(t.trials),
+            _fmt(t.best_latency_us),
+            _fmt(gflops(t.flops, t.best_latency_us)),
+        )
+    return table
+
+
+def _fusion_line(fusion: FusionSummary) -> str:
+    return (
+        f"graph: {fusion.operators_before} Relax operators -> {fusion.kernels_after} fused kernels "
+        f"({fusion.distinct_tasks} distinct tuning tasks)"
+    )
+
+
+class _RichListener:
+    """Draws a job's progress: a stage line and a trials bar with the current best per task."""
+
+    def __init__(self) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[detail]}"),
+            console=console,
+            transient=False,
+        )
+        self.bar: Any = None
+
+    def __enter__(self) -> _RichListener:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def stage(self, name: str) -> None:
+        if name != "tuning":
+            console.log(name)
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
+        console.log(_fusion_line(fusion))
+        warm = sum(1 for t in tasks if t.best_latency_us is not None)
+        if warm:
+            console.log(f"{warm}/{len(tasks)} tasks start warm from records of earlier runs on this target")
+        if trials_total:
+            self.bar = self.progress.add_task("tuning", total=trials_total, detail="")
+
+    def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
+        if self.bar is not None:
+            detail = f"{task.name[:40]}: best {_fmt(task.best_latency_us)} µs"
+            self.progress.update(self.bar, completed=min(trials_done, trials_total), detail=detail)
+
+
+@app.command()
+def tune(
+    model: Annotated[
+        Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
+    ],
+    target: TargetOpt = "host",
+    trials: Annotated[
+        int, typer.Option(help="Total measured trials over all tasks (0: compile from stored records)")
+    ] = 64,
+    per_task: Annotated[
+        int | None, typer.Option("--per-task", help="At most this many trials per task")
+    ] = None,
+    input_shape: ShapeOpt = None,
+    seed: Annotated[int, typer.Option(help="Search seed")] = 0,
+    cost_model: Annotated[str, typer.Option(help="xgb or random")] = "xgb",
+    name: Annotated[str | None, typer.Option(help="Model name (default: file name)")] = None,
+    out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
+) -> None:
+    """Tune a model and write a compiled, verified artifact."""
+    from tuner.frontend import parse_input_shapes
+    from tuner.job import run_job, submit_job
+    from tuner.models import register_model
+    from tuner.targets import resolve_target
+
+    settings = _State.settings
+    shapes = parse_input_shapes(input_shape or [])
+    resolve_target(target)  # a bad target fails before the model is imported and stored
+    store = _store()
+    info, _ = register_model(store, settings, model, name=name, input_shapes=shapes)
+    spec = JobSpec(
+        model_id=info.id,
+        target=resolve_target(target),
+        trials=trials,
+        max_trials_per_task=per_task,
+        seed=seed,
+        input_shapes=shapes,
+        cost_model=cost_model,
+    )
+    job = submit_job(store, spec)
+    console.print(
+        f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
+    )
+    with _RichListener() as listener:
+        result = run_job(store, settings, job.id, listener=listener)
+    console.print(_task_table(result.tasks, "tasks"))
+    _print_outcome(result.job)
+    if result.artifact is not None:
+        path = Path(result.artifact.path)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            dest = out / f"{info.name}.tar.gz"
+            shutil.copyfile(path, dest)
+            path = dest
+        console.print(f"artifact: [bold]{path}[/] (sha256 {result.artifact.sha256[:12]})")
+        for check in result.comparisons:
+            console.print(f"verified vs {check.reference}: max abs error {check.max_abs_error:.2e}")
+
+
+def _print_outcome(job: Job) -> None:
+    if job.baseline_latency_ms is not None and job.tuned_latency_ms is not None:
+        console.print(
+            f"untuned TVM {job.baseline_latency_ms:.3f} ms -> tuned {job.tuned_latency_ms:.3f} ms: "
+            f"[bold green]{job.speedup:.1f}x faster[/]"
+        )
+
+
+@app.command()
+def tasks(
+    model: Annotated[Path, typer.Argument(help="ONNX file or .pt2 program", exists=True, dir_okay=False)],
+    target: TargetOpt = "host",
+    input_shape: ShapeOpt = None,
+    show_tir: Annotated[
+        str | None, typer.Option(help="Print the unscheduled TIR of this task (name or #)")
+    ] = None,
+) -> None:
+    """Show the fused kernels (tuning tasks) of a model without tuning it."""
+    from tuner.frontend import load_model, parse_input_shapes
+    from tuner.targets import resolve_target, to_tvm_target
+    from tuner.tasks import plan_graph
+
+    imported = load_model(model, parse_input_shapes(input_shape or []))
+    plan = plan_graph(imported.mod, to_tvm_target(resolve_target(target)))
+    table = Table(title=f"{model.name}: tuning tasks")
+    for col in ("#", "task", "weight", "MFLOP", "workload hash"):
+        table.add_column(col, justify="left" if col in ("task", "workload hash") else "right")
+    for i, info in enumerate(plan.infos):
+        table.add_row(str(i), info.name, str(info.weight), f"{info.flops / 1e6:.3f}", info.workload_hash)
+    console.print(table)
+    console.print(_fusion_line(plan.fusion))
+    if show_tir is not None:
+        chosen = [i for i in plan.infos if i.name == show_tir or str(plan.infos.index(i)) == show_tir]
+        if not chosen:
+            raise KilnError(f"no task {show_tir!r}; tasks: {', '.join(i.name for i in plan.infos)}")
+        console.print(chosen[0].tir)
+
+
+@app.command()
+def jobs(limit: Annotated[int, typer.Option(help="How many, newest first")] = 20) -> None:
+    """List tuning jobs."""
+    store = _store()
+    table = Table(title="jobs")
+    for col in ("id", "model", "target", "status", "trials", "untuned ms", "tuned ms", "speedup", "created"):
+        table.add_column(col)
+    for job in store.list_jobs(limit=limit):
+        model = store.get_model(job.spec.model_id)
+        progress = store.job_progress(job.id)
+        table.add_row(
+            job.id,
+            model.name,
+            job.target_key,
+            job.status.value,
+            f"{progress['trials_done']}/{job.spec.trials}",
+            _fmt(job.baseline_latency_ms, ".3f"),
+            _fmt(job.tuned_latency_ms, ".3f"),
+            _fmt(job.speedup, ".1f"),
+            job.created_at.strftime("%Y-%m-%d %H:%M"),
+        )
+    console.print(table)
+
+
+@app.command()
+def status(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
+    """Show one job: status, per-task results, latency."""
+    store = _store()
+    job = store.get_job(job_id)
+    console.print(f"job {job.id}: [bold]{job.status.value}[/] on {job.target_key}")
+    if job.error:
+        console.print(f"[red]error:[/] {job.error}")
+    console.print(_task_table(store.list_tasks(job.id), "tasks"))
+    _print_outcome(job)
+
+
+@app.command()
+def models() -> None:
+    """List stored models."""
+    store = _store()
+    table = Table(title="models")
+    for col in ("id", "name", "format", "sha256", "MB", "inputs"):
+        table.add_column(col)
+    for m in store.list_models():
+        inputs = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in m.signature.inputs)
+        table.add_row(m.id, m.name, m.format.value, m.sha256[:12], f"{m.size_bytes / 1e6:.2f}", inputs)
+    console.print(table)
+
+
+@app.command()
+def export(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    out: Annotated[Path, typer.Option(help="Destination directory")] = Path("."),
+    what: Annotated[
+        str, typer.Option(help="artifact (the .tar.gz) or records (MetaSchedule JSON database)")
+    ] = "artifact",
+) -> None:
+    """Export a past job's artifact, or its tuning records as a MetaSchedule JSON database."""
+    store = _store()
+    job = store.get_job(job_id)
+    out.mkdir(parents=True, exist_ok=True)
+    if what == "artifact":
+        from tuner.job import artifact_path
+
+        src = artifact_path(store, job.id)
+        dest = out / src.name
+        shutil.copyfile(src, dest)
+        console.print(f"artifact: {dest}")
+    elif what == "records":
+        from tuner.artifact import write_records
+
+        workload_ids = [t.workload_id for t in store.list_tasks(job.id)]
+        rows = store.all_records(job.target_key, workload_ids=workload_ids, valid_only=True)
+        count = write_records(rows, out, per_workload=sys.maxsize)
+        console.print(f"{count} records -> {out}/database_workload.json, {out}/database_tuning_record.json")
+    else:
+        raise KilnError(f"--what must be 'artifact' or 'records', got {what!r}")
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Upgrade the database schema to this version of Kiln."""
+    from tuner.store.sql import Store
+
+    store = Store.from_settings(_State.settings)
+    before = store.current_revision()
+    store.upgrade()
+    console.print(f"database {store}: {before or 'empty'} -> {store.current_revision()}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the schema revision of the database and the one this Kiln needs."""
+    from tuner.store.sql import Store
+
+    store = Store.from_settings(_State.settings)
+    console.print(json.dumps({"current": store.current_revision(), "head": store.head_revision()}))
+
+
+def main() -> None:
+    """Entry point of the ``kiln`` console script: typed errors become one readable line."""
+    try:
+        app()
+    except TuningFailed as exc:
+        err_console.print(f"[bold red]job failed:[/] {exc.message}")
+        sys.exit(1)
+    except KilnError as exc:
+        err_console.print(f"[bold red]error ({exc.kind}):[/] {exc.message}")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; records measured so far are kept")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

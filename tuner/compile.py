@@ -1,0 +1,134 @@
+"""Build a model with its tuned records applied, measure it, and check its outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from schedules._tvm import Target, relax, tvm
+from tuner.entities import ModelSignature, TensorSpec
+from tuner.errors import VerificationFailed
+from tuner.tasks import GraphPlan
+
+
+def build_tuned(plan: GraphPlan, target: Target, database: Any) -> Any:
+    """Compile the planned graph with the best record of each task from ``database``.
+
+    Tasks without a record keep TVM's default (unscheduled) code. On CPU, weights are re-laid-out
+    once at compile time to the layout the tuned kernels chose.
+    """
+    with target, database, tvm.transform.PassContext(opt_level=3):
+        mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(plan.lowered)
+        if plan.weight_prepack:
+            mod = tvm.transform.Sequential(
+                [
+                    relax.transform.SplitLayoutRewritePreproc(),
+                    relax.transform.LiftTransformParams(),
+                    relax.transform.FoldConstant(),
+                ]
+            )(mod)
+    return tvm.compile(mod, target=target)
+
+
+def build_untuned(imported: tvm.IRModule, target: Target) -> Any:
+    """What a user gets from plain ``tvm.compile`` of the imported model: TVM's untuned baseline."""
+    return tvm.compile(imported, target=target)
+
+
+def random_inputs(signature: ModelSignature, seed: int = 0) -> list[np.ndarray]:
+    """Seeded random inputs for every model input (normal floats, small non-negative integers)."""
+    rng = np.random.default_rng(seed)
+    return [_random_tensor(spec, rng) for spec in signature.inputs]
+
+
+def _random_tensor(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+    shape = tuple(int(d) for d in spec.shape)
+    dtype = np.dtype(spec.dtype) if spec.dtype != "bool" else np.dtype(bool)
+    if dtype == np.dtype(bool):
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 8, size=shape).astype(dtype)
+    return rng.standard_normal(size=shape).astype(dtype)
+
+
+def _flatten(out: Any) -> list[np.ndarray]:
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out.numpy()]
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    if isinstance(out, list | tuple) or hasattr(out, "__len__"):
+        flat: list[np.ndarray] = []
+        for item in out:
+            flat.extend(_flatten(item))
+        return flat
+    return [np.asarray(out)]
+
+
+class LoadedModel:
+    """A compiled model on the CPU, callable with numpy arrays."""
+
+    def __init__(self, executable: Any, device: Any | None = None) -> None:
+        self.device = device or tvm.cpu()
+        self.vm = relax.VirtualMachine(executable, self.device)
+        self.params: list[Any] = []
+        if self.vm.module.implements_function("main_transform_params"):
+            # Weights are constants, so the transform takes none; it returns the prepacked ones.
+            self.params = list(self.vm["main_transform_params"]([]))
+
+    def _args(self, inputs: list[np.ndarray]) -> list[Any]:
+        return [tvm.runtime.tensor(x, self.device) for x in inputs] + self.params
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Run once and return every output as numpy."""
+        return _flatten(self.vm["main"](*self._args(inputs)))
+
+    def latency_ms(self, inputs: list[np.ndarray], repeat: int = 10, min_repeat_ms: int = 100) -> float:
+        """Median end-to-end latency of ``main`` in milliseconds (TVM's time evaluator)."""
+        timer = self.vm.time_evaluator(
+            "main", self.device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+        )
+        return float(timer(*self._args(inputs)).median) * 1e3
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcome of comparing a build's outputs with a reference."""
+
+    reference: str
+    max_abs_error: float
+    max_rel_error: float
+    ok: bool
+
+
+def compare_outputs(
+    actual: list[np.ndarray], expected: list[np.ndarray], reference: str, rtol: float, atol: float
+) -> Comparison:
+    """Compare outputs element-wise: ok when ``|a - e| <= atol + rtol * |e|`` everywhere."""
+    if len(actual) != len(expected):
+        return Comparison(reference, float("inf"), float("inf"), False)
+    max_abs = 0.0
+    max_rel = 0.0
+    ok = True
+    for a, e in zip(actual, expected, strict=True):
+        if a.shape != e.shape:
+            return Comparison(reference, float("inf"), float("inf"), False)
+        a64 = a.astype(np.float64)
+        e64 = e.astype(np.float64)
+        diff = np.abs(a64 - e64)
+        if diff.size:
+            max_abs = max(max_abs, float(diff.max()))
+            max_rel = max(max_rel, float((diff / np.maximum(np.abs(e64), 1e-12)).max()))
+        ok = ok and bool(np.all(diff <= atol + rtol * np.abs(e64)))
+    return Comparison(reference, max_abs, max_rel, ok)
+
+
+def require_match(comparisons: list[Comparison], rtol: float, atol: float) -> None:
+    """Raise ``VerificationFailed`` naming every reference the tuned build disagrees with."""
+    bad = [c for c in comparisons if not c.ok]
+    if bad:
+        detail = "; ".join(f"vs {c.reference}: max abs error {c.max_abs_error:.3g}" for c in bad)
+        raise VerificationFailed(
+            f"tuned model outputs differ beyond tolerance |a-b| <= {atol:g} + {rtol:g}*|b| ({detail})"
+        )

@@ -1,0 +1,217 @@
+"""Plain entities of Kiln's core. The store converts its rows into these; nothing else sees ORM rows."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+Dim = int | str  # a concrete size, or the name of a dynamic dimension
+
+
+class ModelFormat(str, enum.Enum):
+    """File formats Kiln imports."""
+
+    ONNX = "onnx"
+    TORCH_EXPORT = "torch-export"
+
+
+class JobStatus(str, enum.Enum):
+    """Life cycle of a tuning job."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape and dtype of one model input or output."""
+
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TensorSpec:
+        return cls(name=data["name"], shape=tuple(data["shape"]), dtype=data["dtype"])
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """Inputs and outputs of a model, in call order."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSignature:
+        return cls(
+            inputs=tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
+            outputs=tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
+        )
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A stored model: its bytes live in the blob directory under ``sha256``."""
+
+    id: str
+    name: str
+    format: ModelFormat
+    sha256: str
+    size_bytes: int
+    signature: ModelSignature
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A tuning task extracted from a model (before any tuning)."""
+
+    name: str
+    weight: int
+    flops: float
+    workload_hash: str
+    tir: str  # TVMScript of the fused PrimFunc before scheduling
+
+
+@dataclass(frozen=True)
+class FusionSummary:
+    """Graph-level effect of Kiln's passes: operators before fusion, kernels after."""
+
+    operators_before: int
+    kernels_after: int
+    distinct_tasks: int
+    operator_histogram: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a user asks to have tuned."""
+
+    model_id: str
+    target: dict[str, Any]
+    trials: int
+    max_trials_per_task: int | None = None
+    seed: int = 0
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    runner: dict[str, Any] = field(default_factory=lambda: {"kind": "local"})
+    cost_model: str = "xgb"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "target": self.target,
+            "trials": self.trials,
+            "max_trials_per_task": self.max_trials_per_task,
+            "seed": self.seed,
+            "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
+            "runner": self.runner,
+            "cost_model": self.cost_model,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        return cls(
+            model_id=data["model_id"],
+            target=data["target"],
+            trials=int(data["trials"]),
+            max_trials_per_task=data.get("max_trials_per_task"),
+            seed=int(data.get("seed", 0)),
+            input_shapes={k: tuple(v) for k, v in (data.get("input_shapes") or {}).items()},
+            runner=data.get("runner") or {"kind": "local"},
+            cost_model=data.get("cost_model", "xgb"),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """A tuning job and its outcome."""
+
+    id: str
+    spec: JobSpec
+    target_key: str
+    status: JobStatus
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error: str | None = None
+    baseline_latency_ms: float | None = None
+    tuned_latency_ms: float | None = None
+    worker: str | None = None
+    attempts: int = 0
+
+    @property
+    def speedup(self) -> float | None:
+        if self.baseline_latency_ms and self.tuned_latency_ms:
+            return self.baseline_latency_ms / self.tuned_latency_ms
+        return None
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a job, with its tuning progress."""
+
+    id: int
+    job_id: str
+    workload_id: int
+    name: str
+    weight: int
+    flops: float
+    workload_hash: str
+    trials: int = 0
+    best_latency_us: float | None = None
+
+    @property
+    def gflops(self) -> float | None:
+        if self.best_latency_us and self.flops:
+            return self.flops / (self.best_latency_us * 1e-6) / 1e9
+        return None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured candidate schedule."""
+
+    id: int
+    workload_id: int
+    job_id: str | None
+    target_key: str
+    run_secs: tuple[float, ...]
+    mean_latency_us: float | None  # None when the candidate failed to build or run
+    trace: Any  # MetaSchedule trace JSON
+    created_at: datetime
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A compiled, verified model package of a job."""
+
+    id: int
+    job_id: str
+    path: str
+    sha256: str
+    size_bytes: int
+    created_at: datetime

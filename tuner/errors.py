@@ -1,0 +1,90 @@
+"""Typed errors of Kiln's core. Each carries a message a user can act on.
+
+The web layer maps these classes to HTTP status codes in one place (``service/errors.py``); the CLI
+prints the message and exits non-zero.
+"""
+
+from __future__ import annotations
+
+
+class KilnError(Exception):
+    """Root of every error Kiln raises on purpose."""
+
+    kind: str = "kiln_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidModel(KilnError):
+    """The uploaded file is not a model Kiln can read (corrupt, truncated, wrong format)."""
+
+    kind = "invalid_model"
+
+
+class UnsupportedOperator(KilnError):
+    """The model uses operators the importer cannot convert; lists all of them."""
+
+    kind = "unsupported_operator"
+
+    def __init__(self, operators: list[str], importer: str) -> None:
+        self.operators = sorted(set(operators))
+        names = ", ".join(f"'{op}'" for op in self.operators)
+        noun = "operator" if len(self.operators) == 1 else "operators"
+        verb = "is" if len(self.operators) == 1 else "are"
+        super().__init__(f"{noun} {names} {verb} not supported by the {importer} importer")
+
+
+class MissingInputShape(KilnError):
+    """An input has a dynamic dimension and no shape was given for it."""
+
+    kind = "missing_input_shape"
+
+
+class InvalidSpec(KilnError):
+    """A request is malformed: a bad target, a negative budget, an unknown input name..."""
+
+    kind = "invalid_spec"
+
+
+class InvalidTarget(InvalidSpec):
+    """The target cannot be parsed or is not supported."""
+
+    kind = "invalid_target"
+
+
+class MissingDependency(KilnError):
+    """An optional dependency (e.g. the ``torch`` extra) is needed but not installed."""
+
+    kind = "missing_dependency"
+
+
+class NotFound(KilnError):
+    """A model, job, task or artifact does not exist."""
+
+    kind = "not_found"
+
+
+class Conflict(KilnError):
+    """The request conflicts with the current state (e.g. an artifact of an unfinished job)."""
+
+    kind = "conflict"
+
+
+class SchemaOutdated(KilnError):
+    """The database schema is older than this version of Kiln."""
+
+    kind = "schema_outdated"
+
+
+class TuningFailed(KilnError):
+    """Tuning, compilation or verification of a job failed."""
+
+    kind = "tuning_failed"
+
+
+class VerificationFailed(TuningFailed):
+    """The tuned build's outputs do not match the reference within tolerance."""
+
+    kind = "verification_failed"

@@ -1,0 +1,358 @@
+"""Runs one tuning job end to end: import, plan, tune, compile, verify, measure, package.
+
+Every step writes its outcome to the store as it happens, so a job that dies midway leaves its
+measured records behind and the next run of the same model on the same target starts from them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+import tuner
+from schedules._tvm import tvm
+from tuner.artifact import pack_artifact
+from tuner.compile import (
+    Comparison,
+    LoadedModel,
+    build_tuned,
+    build_untuned,
+    compare_outputs,
+    random_inputs,
+    require_match,
+)
+from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelFormat, ModelInfo, Task
+from tuner.errors import KilnError, TuningFailed
+from tuner.frontend import ImportedModel, load_model
+from tuner.models import model_file
+from tuner.settings import Settings
+from tuner.store.ms_database import KilnDatabase
+from tuner.store.sql import Store
+from tuner.targets import canonical_target_key, is_host_cpu, resolve_target, to_tvm_target
+from tuner.tasks import GraphPlan, plan_graph
+from tuner.tune import Budget, MeasureConfig, TrialBatch, gflops, tune_tasks
+
+log = logging.getLogger(__name__)
+
+
+class JobListener(Protocol):
+    """Receives a job's progress (the CLI draws it; the service streams it)."""
+
+    def stage(self, name: str) -> None: ...
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None: ...
+
+    def measured(self, task: Task, trials_done: int, trials_total: int) -> None: ...
+
+
+class _SilentListener:
+    def stage(self, name: str) -> None:
+        log.info("job stage: %s", name)
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
+        pass
+
+    def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What a finished job produced."""
+
+    job: Job
+    tasks: list[Task]
+    fusion: FusionSummary
+    artifact: Artifact | None
+    comparisons: list[Comparison]
+
+
+def submit_job(store: Store, spec: JobSpec) -> Job:
+    """Validate a spec (target, budget, model) and queue a job for it."""
+    store.get_model(spec.model_id)
+    target = resolve_target(spec.target)
+    Budget(spec.trials, spec.max_trials_per_task, spec.seed)
+    spec = JobSpec.from_dict({**spec.to_dict(), "target": target})
+    return store.create_job(spec, canonical_target_key(target))
+
+
+def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
+    """Measurement settings of a job: the service's settings plus the job's runner and cost model."""
+    return MeasureConfig(
+        number=settings.measure_number,
+        repeat=settings.measure_repeat,
+        min_repeat_ms=settings.measure_min_repeat_ms,
+        builder_workers=settings.builder_workers,
+        trials_per_iter=settings.num_trials_per_iter,
+        population_size=settings.search_population,
+        cost_model=spec.cost_model,
+        runner=spec.runner,
+    )
+
+
+class _Progress:
+    """Keeps per-task trial counts and bests, mirrored into the store after each batch."""
+
+    def __init__(
+        self, store: Store, job_id: str, tasks: list[Task], trials_total: int, listener: JobListener
+    ):
+        self.store = store
+        self.job_id = job_id
+        self.tasks = tasks
+        self.trials_total = trials_total
+        self.trials_done = 0
+        self.listener = listener
+
+    def on_batch(self, batch: TrialBatch) -> None:
+        task = self.tasks[batch.task_index]
+        valid = [lat for lat in batch.latencies_us if lat is not None]
+        best = min([*valid, task.best_latency_us] if task.best_latency_us else valid, default=None)
+        task = self.store.update_task(
+            task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best
+        )
+        self.tasks[batch.task_index] = task
+        self.trials_done += len(batch.latencies_us)
+        self.store.update_job_progress(self.job_id, self.trials_done, self.trials_total)
+        self.listener.measured(task, self.trials_done, self.trials_total)
+
+
+def _input_shapes(model: ModelInfo, spec: JobSpec) -> dict[str, tuple[int, ...]]:
+    if spec.input_shapes:
+        return dict(spec.input_shapes)
+    return {t.name: tuple(int(d) for d in t.shape) for t in model.signature.inputs if t.is_static}
+
+
+def run_job(
+    store: Store,
+    settings: Settings,
+    job_id: str,
+    listener: JobListener | None = None,
+    should_stop: Any = None,
+    worker: str | None = None,
+) -> JobResult:
+    """Run a queued job to its end; the job row always ends ``succeeded``, ``failed`` or ``cancelled``."""
+    listener = listener or _SilentListener()
+    job = store.mark_job_running(job_id, worker or f"{socket.gethostname()}:cli")
+    try:
+        return _run(store, settings, job, listener, should_stop)
+    except KeyboardInterrupt:
+        store.finish_job(job_id, JobStatus.CANCELLED, error="interrupted by the user")
+        raise
+    except KilnError as exc:
+        store.finish_job(job_id, JobStatus.FAILED, error=exc.message)
+        raise
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}".strip()
+        store.finish_job(job_id, JobStatus.FAILED, error=message[:4000])
+        raise TuningFailed(message) from exc
+
+
+def _run(store: Store, settings: Settings, job: Job, listener: JobListener, should_stop: Any) -> JobResult:
+    spec = job.spec
+    model = store.get_model(spec.model_id)
+    listener.stage("importing")
+    imported = load_model(model_file(store, settings, model.id), _input_shapes(model, spec))
+    target = to_tvm_target(spec.target)
+
+    listener.stage("extracting tasks")
+    plan = plan_graph(imported.mod, target)
+    database = KilnDatabase(store, job.target_key, job_id=job.id)
+    tasks = _register_tasks(store, job, plan, database)
+    budget = Budget(spec.trials, spec.max_trials_per_task, spec.seed)
+    progress = _Progress(store, job.id, tasks, spec.trials, listener)
+    store.update_job_progress(job.id, 0, spec.trials)
+    listener.planned(list(tasks), plan.fusion, spec.trials)
+
+    listener.stage("tuning")
+    tune_tasks(
+        plan.tasks,
+        target,
+        database,
+        budget,
+        measure_config(settings, spec),
+        settings.jobs_dir / job.id / "metaschedule",
+        on_batch=progress.on_batch,
+        should_stop=should_stop,
+    )
+    if should_stop is not None and should_stop():
+        store.finish_job(job.id, JobStatus.CANCELLED, error="cancelled; measured records were kept")
+        return JobResult(store.get_job(job.id), progress.tasks, plan.fusion, None, [])
+
+    listener.stage("compiling")
+    tuned_exe = build_tuned(plan, target, database)
+    comparisons: list[Comparison] = []
+    baseline_ms = tuned_ms = None
+    reference_ms: dict[str, float] = {}
+    if is_host_cpu(spec.target):
+        listener.stage("verifying")
+        comparisons, baseline_ms, tuned_ms, reference_ms = _verify_and_measure(
+            settings, imported, model, target, tuned_exe, spec.seed
+        )
+
+    listener.stage("packaging")
+    tasks = store.list_tasks(job.id)
+    manifest = _manifest(
+        job, model, imported, plan, tasks, baseline_ms, tuned_ms, reference_ms, comparisons, settings
+    )
+    rows = store.all_records(job.target_key, workload_ids=[t.workload_id for t in tasks], valid_only=True)
+    packed = pack_artifact(tuned_exe, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
+    artifact = store.add_artifact(job.id, str(packed.path.resolve()), packed.sha256, packed.size_bytes)
+    store.finish_job(job.id, JobStatus.SUCCEEDED, baseline_latency_ms=baseline_ms, tuned_latency_ms=tuned_ms)
+    return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons)
+
+
+def _register_tasks(store: Store, job: Job, plan: GraphPlan, database: KilnDatabase) -> list[Task]:
+    rows = [
+        {
+            "name": info.name,
+            "weight": info.weight,
+            "flops": info.flops,
+            "workload_id": database.commit_workload_id(task.dispatched[0]),
+        }
+        for task, info in zip(plan.tasks, plan.infos, strict=True)
+    ]
+    tasks = store.add_tasks(job.id, rows)
+    # A workload tuned by an earlier job on this target starts from its best record.
+    warm = []
+    for task in tasks:
+        best = store.best_latency_us(task.workload_id, job.target_key)
+        warm.append(store.update_task(task.id, trials=0, best_latency_us=best) if best is not None else task)
+    return warm
+
+
+def _adaptive_repeat(model: LoadedModel, inputs: list[np.ndarray]) -> int:
+    start = time.perf_counter()
+    model.run(inputs)
+    once = time.perf_counter() - start
+    return int(min(10, max(3, math.ceil(1.0 / max(once, 1e-6)))))
+
+
+def _verify_and_measure(
+    settings: Settings,
+    imported: ImportedModel,
+    model: ModelInfo,
+    target: Any,
+    tuned_exe: Any,
+    seed: int,
+) -> tuple[list[Comparison], float, float, dict[str, float]]:
+    inputs = random_inputs(imported.signature, seed)
+    reference_ms: dict[str, float] = {}
+    comparisons: list[Comparison] = []
+    rtol, atol = settings.verify_rtol, settings.verify_atol
+    # onnxruntime first: TVM's thread pool keeps spinning for a moment after each call.
+    if model.format is ModelFormat.ONNX:
+        ort = _onnxruntime_reference(imported, inputs)
+        if ort is not None:
+            outputs, reference_ms["onnxruntime"] = ort
+            ort_outputs = outputs
+        else:
+            ort_outputs = None
+    else:
+        ort_outputs = None
+    baseline = LoadedModel(build_untuned(imported.mod, target))
+    tuned = LoadedModel(tuned_exe)
+    tuned_out = tuned.run(inputs)
+    comparisons.append(compare_outputs(tuned_out, baseline.run(inputs), "untuned TVM", rtol, atol))
+    if ort_outputs is not None:
+        comparisons.append(compare_outputs(tuned_out, ort_outputs, "onnxruntime", rtol, atol))
+    require_match(comparisons, rtol, atol)
+    baseline_ms = baseline.latency_ms(inputs, repeat=_adaptive_repeat(baseline, inputs), min_repeat_ms=0)
+    tuned_ms = tuned.latency_ms(inputs)
+    return comparisons, baseline_ms, tuned_ms, reference_ms
+
+
+def _onnxruntime_reference(
+    imported: ImportedModel, inputs: list[np.ndarray]
+) -> tuple[list[np.ndarray], float] | None:
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    session = onnxruntime.InferenceSession(imported.canonical_bytes, providers=["CPUExecutionProvider"])
+    feed = {spec.name: x for spec, x in zip(imported.signature.inputs, inputs, strict=True)}
+    outputs = [np.asarray(o) for o in session.run(None, feed)]
+    for _ in range(3):
+        session.run(None, feed)
+    times = []
+    deadline = time.perf_counter() + 0.5
+    while len(times) < 10 or (time.perf_counter() < deadline and len(times) < 1000):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - start)
+    return outputs, float(np.median(times)) * 1e3
+
+
+def _manifest(
+    job: Job,
+    model: ModelInfo,
+    imported: ImportedModel,
+    plan: GraphPlan,
+    tasks: list[Task],
+    baseline_ms: float | None,
+    tuned_ms: float | None,
+    reference_ms: dict[str, float],
+    comparisons: list[Comparison],
+    settings: Settings,
+) -> dict[str, Any]:
+    return {
+        "kiln_version": tuner.__version__,
+        "tvm_version": tvm.__version__,
+        "job_id": job.id,
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "model": {"id": model.id, "name": model.name, "format": model.format.value, "sha256": model.sha256},
+        "target": job.spec.target,
+        "target_key": job.target_key,
+        "inputs": [t.to_dict() for t in imported.signature.inputs],
+        "outputs": [t.to_dict() for t in imported.signature.outputs],
+        "weight_prepack": plan.weight_prepack,
+        "fusion": {
+            "operators_before": plan.fusion.operators_before,
+            "kernels_after": plan.fusion.kernels_after,
+            "distinct_tasks": plan.fusion.distinct_tasks,
+        },
+        "tasks": [
+            {
+                "name": t.name,
+                "weight": t.weight,
+                "flops": t.flops,
+                "workload_hash": t.workload_hash,
+                "trials": t.trials,
+                "best_latency_us": t.best_latency_us,
+                "gflops": gflops(t.flops, t.best_latency_us),
+            }
+            for t in tasks
+        ],
+        "budget": {
+            "trials": job.spec.trials,
+            "max_trials_per_task": job.spec.max_trials_per_task,
+            "seed": job.spec.seed,
+        },
+        "latency": {
+            "untuned_ms": baseline_ms,
+            "tuned_ms": tuned_ms,
+            "speedup": (baseline_ms / tuned_ms) if baseline_ms and tuned_ms else None,
+            "reference_ms": reference_ms,
+            "measured_on": socket.gethostname() if tuned_ms is not None else None,
+        },
+        "verification": {
+            "tolerance": {"rtol": settings.verify_rtol, "atol": settings.verify_atol},
+            "inputs": f"seeded random (seed {job.spec.seed})",
+            "checks": [
+                {"reference": c.reference, "max_abs_error": c.max_abs_error, "ok": c.ok} for c in comparisons
+            ],
+            "skipped": None if comparisons else "the target is not this machine's CPU",
+        },
+    }
+
+
+def artifact_path(store: Store, job_id: str) -> Path:
+    """Path of a succeeded job's packed artifact."""
+    return Path(store.get_artifact(job_id).path)

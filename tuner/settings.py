@@ -1,0 +1,41 @@
+"""Kiln's configuration: ``KILN_*`` environment variables, overridable by CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Settings shared by the CLI, the workers and the web service."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+
+    data_dir: Path = Field(default=Path("kiln-data"), description="Where models, artifacts and SQLite live")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite file kiln.db in data_dir"
+    )
+    num_trials_per_iter: int = Field(default=16, ge=1, description="Candidates measured per search round")
+    measure_number: int = Field(default=3, ge=1, description="Runs per measurement repeat")
+    measure_repeat: int = Field(default=1, ge=1, description="Measurement repeats per candidate")
+    measure_min_repeat_ms: int = Field(default=50, ge=0, description="Minimum time of one repeat")
+    search_population: int = Field(default=256, ge=16, description="Evolutionary search population per round")
+    builder_workers: int | None = Field(default=None, description="Parallel builds; default: physical cores")
+    verify_rtol: float = Field(default=1e-3, gt=0, description="Relative tolerance of artifact checks")
+    verify_atol: float = Field(default=1e-4, gt=0, description="Absolute tolerance of artifact checks")
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'kiln.db').resolve()}"
+
+    @property
+    def blob_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"

@@ -1,0 +1,170 @@
+"""ORM rows of Kiln's database. They never leave :mod:`tuner.store`; the store converts them to entities.
+
+JSON payloads are kept as ``Text`` holding ``json.dumps`` output so that SQLite and PostgreSQL store the
+same bytes, and the MetaSchedule JSON (traces, workloads) round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Alembic names constraints from these templates, so migrations and ORM metadata agree on every name.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# MetaSchedule commits candidates that failed to build or run with run_secs=[1e10].
+FAILED_RUN_SEC = 1e10
+# Anything at or above this mean is a failed candidate, never a schedule to apply.
+VALID_RUN_SEC_LIMIT = 1e9
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware, in UTC."""
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    """A fresh primary key for models and jobs (uuid4, hex)."""
+    return uuid.uuid4().hex
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always read back timezone-aware.
+
+    SQLite has no time zone type and returns naive values; PostgreSQL returns the session's zone.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r} given; Kiln stores timezone-aware UTC timestamps")
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: Any | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every row."""
+
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ModelRow(Base):
+    """An uploaded model; its bytes live at ``blob_path`` (relative to the data directory)."""
+
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(sa.String(255))
+    format: Mapped[str] = mapped_column(sa.String(32))
+    sha256: Mapped[str] = mapped_column(sa.String(64), unique=True, index=True)
+    size_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    signature_json: Mapped[str] = mapped_column(sa.Text)
+    blob_path: Mapped[str] = mapped_column(sa.String(1024))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class JobRow(Base):
+    """A tuning job: its spec, life cycle and outcome."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
+    model_id: Mapped[str] = mapped_column(sa.ForeignKey("models.id"), index=True)
+    spec_json: Mapped[str] = mapped_column(sa.Text)
+    target_key: Mapped[str] = mapped_column(sa.String(255), index=True)
+    status: Mapped[str] = mapped_column(sa.String(16), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    baseline_latency_ms: Mapped[float | None] = mapped_column(sa.Float)
+    tuned_latency_ms: Mapped[float | None] = mapped_column(sa.Float)
+    worker: Mapped[str | None] = mapped_column(sa.String(255))
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    trials_done: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    trials_total: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+
+
+class WorkloadRow(Base):
+    """A task's TIR. ``shash`` may collide; the tuner tells workloads apart with structural equality."""
+
+    __tablename__ = "workloads"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    shash: Mapped[str] = mapped_column(sa.String(32), index=True)
+    workload_json: Mapped[str] = mapped_column(sa.Text)
+    tir_script: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class TaskRow(Base):
+    """One task of a job, in the job's order (``position``), with its tuning progress."""
+
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    workload_id: Mapped[int] = mapped_column(sa.ForeignKey("workloads.id"), index=True)
+    name: Mapped[str] = mapped_column(sa.String(255))
+    weight: Mapped[int] = mapped_column(sa.Integer)
+    flops: Mapped[float] = mapped_column(sa.Float)
+    trials: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    best_latency_us: Mapped[float | None] = mapped_column(sa.Float)
+    position: Mapped[int] = mapped_column(sa.Integer)
+
+
+class TuningRecordRow(Base):
+    """One measured candidate; failed ones are kept with ``mean_run_sec`` = 1e10."""
+
+    __tablename__ = "tuning_records"
+    __table_args__ = (sa.Index("ix_tuning_records_lookup", "workload_id", "target_key", "mean_run_sec"),)
+
+    # BIGINT on PostgreSQL (records accumulate across every job); SQLite only autoincrements INTEGER.
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    workload_id: Mapped[int] = mapped_column(sa.ForeignKey("workloads.id"), index=True)
+    job_id: Mapped[str | None] = mapped_column(sa.ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
+    target_key: Mapped[str] = mapped_column(sa.String(255), index=True)
+    target_json: Mapped[str] = mapped_column(sa.Text)
+    trace_json: Mapped[str] = mapped_column(sa.Text)
+    run_secs_json: Mapped[str] = mapped_column(sa.Text)
+    mean_run_sec: Mapped[float] = mapped_column(sa.Float, index=True)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    args_info_json: Mapped[str] = mapped_column(sa.Text)
+    record_json: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ArtifactRow(Base):
+    """The compiled package of a job (at most one per job)."""
+
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    path: Mapped[str] = mapped_column(sa.String(1024))
+    sha256: Mapped[str] = mapped_column(sa.String(64))
+    size_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,0 +1,153 @@
+"""MetaSchedule's ``Database`` interface over Kiln's store, bound to one canonical target.
+
+MetaSchedule's ``query_tuning_record`` ignores the target it is given and takes the best record of the
+workload, whatever CPU it was measured on. A :class:`KilnDatabase` therefore only ever reads and writes
+the records of its own ``target_key``: a schedule tuned for one CPU is never applied to another.
+Workloads (a task's TIR) are shared by every target and job, so a task seen before starts warm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from schedules._tvm import derived_object, ms, structural_equal, structural_hash, tuning_record_json, tvm
+from tuner.store.sql import Store
+
+log = logging.getLogger(__name__)
+
+Workload = ms.database.Workload
+TuningRecord = ms.database.TuningRecord
+
+OnCommit = Callable[[int, list[float]], None]
+
+
+@derived_object
+class KilnDatabase(ms.database.PyDatabase):
+    """A MetaSchedule database that keeps workloads and records in a :class:`Store`.
+
+    ``target_key`` is the canonical target the records belong to; ``job_id`` is written on every record
+    this database commits (records of other jobs on the same target are still read: that is warm start).
+    ``on_commit(workload_id, run_secs)`` runs after each record is stored, e.g. to report progress.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        target_key: str,
+        job_id: str | None = None,
+        on_commit: OnCommit | None = None,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.target_key = target_key
+        self.job_id = job_id
+        self.on_commit = on_commit
+        # Deserializing a workload parses its whole IRModule; keep each one once, and keep it alive
+        # because MetaSchedule holds on to the objects we return.
+        self._workloads: dict[int, Workload] = {}
+        self._ids_by_hash: dict[str, list[int]] = {}
+
+    # ---- workloads ---------------------------------------------------------------------------------
+
+    def _remember(self, shash: str, workload_id: int, workload: Workload) -> Workload:
+        if workload_id not in self._workloads:
+            self._workloads[workload_id] = workload
+            self._ids_by_hash.setdefault(shash, []).append(workload_id)
+        return self._workloads[workload_id]
+
+    def _load(self, workload_id: int, workload_json: str) -> Workload:
+        cached = self._workloads.get(workload_id)
+        if cached is not None:
+            return cached
+        data = json.loads(workload_json)
+        return self._remember(str(data[0]), workload_id, Workload.from_json(data))
+
+    def _find(self, mod: tvm.IRModule) -> tuple[int, Workload] | None:
+        """The stored workload structurally equal to ``mod``: hash lookup, then equality (hashes collide)."""
+        shash = structural_hash(mod)
+        for workload_id in self._ids_by_hash.get(shash, []):
+            workload = self._workloads[workload_id]
+            if structural_equal(workload.mod, mod):
+                return workload_id, workload
+        for workload_id, workload_json in self.store.find_workloads(shash):
+            if workload_id in self._workloads:
+                continue
+            workload = self._load(workload_id, workload_json)
+            if structural_equal(workload.mod, mod):
+                return workload_id, workload
+        return None
+
+    def workload_id(self, mod: tvm.IRModule) -> int | None:
+        """The id of the stored workload for ``mod``, if any."""
+        found = self._find(mod)
+        return found[0] if found is not None else None
+
+    def commit_workload_id(self, mod: tvm.IRModule) -> int:
+        """Store ``mod`` as a workload if it is new; returns its id."""
+        found = self._find(mod)
+        if found is not None:
+            return found[0]
+        workload = Workload(mod)
+        shash = structural_hash(mod)
+        workload_id = self.store.add_workload(shash, json.dumps(workload.as_json()), mod.script())
+        self._remember(shash, workload_id, workload)
+        return workload_id
+
+    # ---- PyDatabase interface ----------------------------------------------------------------------
+
+    def has_workload(self, mod: tvm.IRModule) -> bool:
+        """Whether ``mod`` is a stored workload (on any target)."""
+        return self._find(mod) is not None
+
+    def commit_workload(self, mod: tvm.IRModule) -> Workload:
+        """The workload for ``mod``, stored first if it is new."""
+        return self._workloads[self.commit_workload_id(mod)]
+
+    def commit_tuning_record(self, record: TuningRecord) -> None:
+        """Store one measured candidate for this database's target and job, in its own transaction."""
+        workload_id = self.commit_workload_id(record.workload.mod)
+        record_json = tuning_record_json(record)
+        trace_json, run_secs, target_json, args_info_json = record_json
+        secs = [float(x) for x in run_secs or []]
+        self.store.add_record(
+            workload_id=workload_id,
+            job_id=self.job_id,
+            target_key=self.target_key,
+            target_json=json.dumps(target_json),
+            trace_json=json.dumps(trace_json),
+            run_secs=secs,
+            args_info_json=json.dumps(args_info_json),
+            record_json=json.dumps(record_json),
+        )
+        if self.on_commit is not None:
+            try:
+                self.on_commit(workload_id, secs)
+            except Exception:
+                # The record is safely stored; a failing progress hook must not abort a long tuning run.
+                log.exception("on_commit hook failed for workload %d", workload_id)
+
+    def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
+        """The ``top_k`` fastest valid records of ``workload`` on this database's target."""
+        if top_k <= 0:
+            return []
+        found = self._find(workload.mod)
+        if found is None:
+            return []
+        rows = self.store.top_records(found[0], self.target_key, top_k)
+        return [TuningRecord.from_json(json.loads(row), workload) for row in rows]
+
+    def get_all_tuning_records(self) -> list[TuningRecord]:
+        """Every record (valid or failed) of this database's target, in commit order."""
+        return [
+            TuningRecord.from_json(json.loads(record_json), self._load(workload_id, workload_json))
+            for workload_id, workload_json, record_json in self.store.all_records(self.target_key)
+        ]
+
+    def __len__(self) -> int:
+        """Number of records of this database's target."""
+        return self.store.count_records(target_key=self.target_key)
+
+
+__all__ = ["KilnDatabase", "OnCommit"]

@@ -1,0 +1,115 @@
+"""Graph passes and task extraction: Relax model in, fused kernels and their tuning tasks out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from schedules._tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
+from tuner.entities import FusionSummary, TaskInfo
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """A model after Kiln's graph passes, ready to tune and to compile.
+
+    ``lowered`` is the module whose fused PrimFuncs are the tasks; compiling applies the tuned records
+    to this very module so that the workload hashes match.
+    """
+
+    prepared: tvm.IRModule
+    lowered: tvm.IRModule
+    tasks: list[Any]  # MetaSchedule ExtractedTask
+    infos: list[TaskInfo]
+    fusion: FusionSummary
+    weight_prepack: bool
+
+
+def inference_passes() -> tvm.transform.Pass:
+    """Inference simplifications run before legalization.
+
+    Batch-norm is decomposed so that it fuses into the preceding convolution's epilogue; constant
+    folding and common-subexpression elimination shrink the graph before fusion.
+    """
+    return tvm.transform.Sequential(
+        [
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.CanonicalizeBindings(),
+            relax.transform.EliminateCommonSubexpr(),
+            relax.transform.FoldConstant(),
+            relax.transform.DeadCodeElimination(),
+        ]
+    )
+
+
+def operator_histogram(mod: tvm.IRModule) -> dict[str, int]:
+    """Count the Relax operator calls (``relax.nn.conv2d``...) in every Relax function of ``mod``."""
+    counts: Counter[str] = Counter()
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            counts[str(expr.op.name)] += 1
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return dict(counts)
+
+
+def uses_weight_prepack(target: Target) -> bool:
+    """CPU targets re-lay-out constant weights once at compile time (MetaSchedule's RewriteLayout)."""
+    return "cpu" in [str(k) for k in target.keys]
+
+
+def lower_graph(prepared: tvm.IRModule, target: Target) -> tvm.IRModule:
+    """Legalize to TIR and fuse (TVM's ``zero`` pipeline), marking weights as layout-free on CPU."""
+    with target:
+        lowered = relax.get_pipeline("zero")(prepared)
+        if uses_weight_prepack(target):
+            lowered = relax.transform.AttachAttrLayoutFreeBuffers()(lowered)
+    return lowered
+
+
+def _kernel_calls(lowered: tvm.IRModule) -> int:
+    hist = operator_histogram(lowered)
+    return sum(n for op, n in hist.items() if op in ("relax.call_tir", "relax.call_tir_inplace"))
+
+
+def describe_task(task: Any) -> TaskInfo:
+    """Name, weight, FLOPs, workload hash and unscheduled TIR of one extracted task."""
+    mod = task.dispatched[0]
+    return TaskInfo(
+        name=str(task.task_name),
+        weight=int(task.weight),
+        flops=estimate_flops(mod),
+        workload_hash=structural_hash(mod),
+        tir=mod.script(),
+    )
+
+
+def plan_graph(mod: tvm.IRModule, target: Target) -> GraphPlan:
+    """Run Kiln's graph passes on an imported model and extract its tuning tasks."""
+    operators = operator_histogram(mod)
+    prepared = inference_passes()(mod)
+    lowered = lower_graph(prepared, target)
+    tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
+    infos = [describe_task(t) for t in tasks]
+    fusion = FusionSummary(
+        operators_before=sum(operators.values()),
+        kernels_after=_kernel_calls(lowered),
+        distinct_tasks=len(tasks),
+        operator_histogram=operators,
+    )
+    return GraphPlan(
+        prepared=prepared,
+        lowered=lowered,
+        tasks=tasks,
+        infos=infos,
+        fusion=fusion,
+        weight_prepack=uses_weight_prepack(target),
+    )
+
+
+def _is_scheduled(task: Any) -> bool:
+    return bool(task.mod.attrs and task.mod.attrs.get("tirx.is_scheduled", False))

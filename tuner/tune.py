@@ -1,0 +1,277 @@
+"""Runs MetaSchedule over a model's tasks, writing every measured candidate to Kiln's database."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schedules._tvm import (
+    Target,
+    derived_object,
+    ms,
+    physical_core_count,
+    register_cpu_tensor_intrinsics,
+)
+from schedules.spaces import space_for
+from tuner.builder import PooledBuilder
+from tuner.errors import InvalidSpec
+
+log = logging.getLogger(__name__)
+
+FAILED_RUN_SECS = 1e9  # MetaSchedule records failed candidates with run_secs = [1e10]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much to tune: total trials, an optional per-task cap, and the search seed."""
+
+    trials: int
+    max_trials_per_task: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trials < 0:
+            raise InvalidSpec(f"trials must be >= 0, got {self.trials}")
+        if self.max_trials_per_task is not None and self.max_trials_per_task < 1:
+            raise InvalidSpec(f"max trials per task must be >= 1, got {self.max_trials_per_task}")
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How candidates are built and measured."""
+
+    number: int = 3
+    repeat: int = 1
+    min_repeat_ms: int = 50
+    builder_workers: int | None = None
+    trials_per_iter: int = 16
+    population_size: int = 256
+    cost_model: str = "xgb"
+    runner: dict[str, Any] = field(default_factory=lambda: {"kind": "local"})
+
+
+@dataclass
+class TrialBatch:
+    """What one measured batch of a task did; passed to progress listeners."""
+
+    task_index: int
+    latencies_us: list[float | None]  # None: the candidate failed to build or run
+    errors: list[str | None]
+
+
+BatchListener = Callable[[TrialBatch], None]
+StopCheck = Callable[[], bool]
+
+
+def _evaluator(config: MeasureConfig) -> Any:
+    return ms.runner.EvaluatorConfig(
+        number=config.number,
+        repeat=config.repeat,
+        min_repeat_ms=config.min_repeat_ms,
+        enable_cpu_cache_flush=False,
+    )
+
+
+def make_runner(config: MeasureConfig) -> Any:
+    """The measurement runner: this machine's CPU, or devices behind a TVM RPC tracker."""
+    kind = config.runner.get("kind", "local")
+    if kind == "local":
+        return ms.runner.LocalRunner(evaluator_config=_evaluator(config))
+    if kind == "rpc":
+        tracker = str(config.runner.get("tracker", ""))
+        host, _, port = tracker.rpartition(":")
+        if not host or not port.isdigit() or not config.runner.get("key"):
+            raise InvalidSpec("an rpc runner needs 'tracker' as host:port and a device 'key'")
+        rpc = ms.runner.RPCConfig(
+            tracker_host=host,
+            tracker_port=int(port),
+            tracker_key=str(config.runner["key"]),
+            session_timeout_sec=int(config.runner.get("session_timeout_s", 60)),
+        )
+        return ms.runner.RPCRunner(rpc_config=rpc, evaluator_config=_evaluator(config), max_workers=1)
+    raise InvalidSpec(f"unknown runner kind {kind!r}; use 'local' or 'rpc'")
+
+
+def make_cost_model(name: str, cores: int) -> Any:
+    """XGBoost (default) or random cost model."""
+    if name == "xgb":
+        return ms.cost_model.XGBModel(
+            extractor=ms.feature_extractor.PerStoreFeature(),
+            adaptive_training=True,
+            num_tuning_cores=cores,
+        )
+    if name == "random":
+        return ms.cost_model.RandomModel()
+    raise InvalidSpec(f"unknown cost model {name!r}; use 'xgb' or 'random'")
+
+
+def _latency_us(result: Any) -> tuple[float | None, str | None]:
+    if result.error_msg:
+        return None, str(result.error_msg).strip().splitlines()[-1][:500]
+    secs = [float(s) for s in result.run_secs or []]
+    if not secs or min(secs) >= FAILED_RUN_SECS:
+        return None, "no valid measurement"
+    return sum(secs) / len(secs) * 1e6, None
+
+
+@derived_object
+class ProgressCallback(ms.measure_callback.PyMeasureCallback):
+    """Reports each measured batch and stops the search when asked to (cancellation)."""
+
+    def __init__(self, on_batch: BatchListener | None, should_stop: StopCheck | None) -> None:
+        super().__init__()
+        self.on_batch = on_batch
+        self.should_stop = should_stop
+
+    def apply(
+        self,
+        task_scheduler: Any,
+        task_id: int,
+        measure_candidates: list[Any],
+        builder_results: list[Any],
+        runner_results: list[Any],
+    ) -> None:
+        latencies: list[float | None] = []
+        errors: list[str | None] = []
+        for built, ran in zip(builder_results, runner_results, strict=False):
+            if built.error_msg:
+                latencies.append(None)
+                errors.append("build failed: " + str(built.error_msg).strip().splitlines()[-1][:500])
+                continue
+            lat, err = _latency_us(ran)
+            latencies.append(lat)
+            errors.append(err)
+        if self.on_batch is not None:
+            self.on_batch(TrialBatch(task_index=int(task_id), latencies_us=latencies, errors=errors))
+        if self.should_stop is not None and self.should_stop():
+            for i in range(len(task_scheduler.tasks_)):
+                task_scheduler.terminate_task(i)
+
+
+def trials_per_iter(budget: Budget, num_tasks: int, preferred: int) -> int:
+    """Candidates per search round: small budgets get smaller rounds so every task is measured."""
+    share = budget.trials // max(1, num_tasks)
+    if budget.max_trials_per_task is not None:
+        share = min(share, budget.max_trials_per_task)
+    return max(2, min(preferred, share))
+
+
+def tune_tasks(
+    tasks: list[Any],
+    target: Target,
+    database: Any,
+    budget: Budget,
+    config: MeasureConfig,
+    work_dir: Path,
+    on_batch: BatchListener | None = None,
+    should_stop: StopCheck | None = None,
+) -> None:
+    """Tune extracted tasks with evolutionary search; every measured candidate lands in ``database``.
+
+    ``tasks`` are MetaSchedule ``ExtractedTask``s in the order the caller indexes them; ``on_batch``
+    receives that index.
+    """
+    if budget.trials == 0 or not tasks:
+        return
+    register_cpu_tensor_intrinsics()
+    cores = physical_core_count()
+    if target.kind.name == "llvm":
+        cores = int(target.attrs.get("num-cores", cores))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    loggers = _task_loggers(work_dir, [str(t.task_name) for t in tasks])
+    seeds = ms.utils.fork_seed(budget.seed, n=len(tasks))
+    contexts = [
+        ms.TuneContext(
+            mod=task.dispatched[0],
+            target=target,
+            space_generator=space_for(target),
+            search_strategy=ms.search_strategy.EvolutionarySearch(population_size=config.population_size),
+            task_name=str(task.task_name),
+            logger=logger,
+            rand_state=seed,
+            num_threads=cores,
+        ).clone()
+        for task, logger, seed in zip(tasks, loggers, seeds, strict=True)
+    ]
+    per_iter = trials_per_iter(budget, len(tasks), config.trials_per_iter)
+    builder = PooledBuilder(max_workers=config.builder_workers or cores, timeout_sec=60.0)
+    callbacks = [
+        ms.measure_callback.AddToDatabase(),
+        ms.measure_callback.RemoveBuildArtifact(),
+        ms.measure_callback.UpdateCostModel(),
+        ProgressCallback(on_batch, should_stop),
+    ]
+    log.info(
+        "tuning %d tasks: %d trials (per task cap %s, %d per round) on %s",
+        len(tasks),
+        budget.trials,
+        budget.max_trials_per_task,
+        per_iter,
+        target,
+    )
+    try:
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=[float(t.weight) for t in tasks],
+            work_dir=str(work_dir),
+            max_trials_global=budget.trials,
+            max_trials_per_task=budget.max_trials_per_task,
+            num_trials_per_iter=per_iter,
+            builder=builder,
+            runner=make_runner(config),
+            database=database,
+            cost_model=make_cost_model(config.cost_model, cores),
+            measure_callbacks=callbacks,
+            task_scheduler="gradient",
+        )
+    finally:
+        builder.shutdown()
+
+
+_MS_LOGGER = "tvm.s_tir.meta_schedule"
+
+
+def _task_loggers(work_dir: Path, task_names: list[str]) -> list[logging.Logger]:
+    """MetaSchedule's per-task file loggers, with its console output limited to warnings.
+
+    MetaSchedule otherwise prints every round (and XGBoost's training) to stdout, under Kiln's own
+    progress display; the full logs stay in ``work_dir/logs``.
+    """
+    log_dir = work_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    width = len(str(max(0, len(task_names) - 1)))
+    names = [f"{_MS_LOGGER}.task_{i:0{width}d}_{name[:100]}" for i, name in enumerate(task_names)]
+    console = {
+        f"{_MS_LOGGER}.console": {
+            "class": "logging.StreamHandler",
+            "stream": "ext://sys.stderr",
+            "formatter": f"{_MS_LOGGER}.standard_formatter",
+            "level": "WARNING",
+        }
+    }
+    # Naming the global logger's handlers here also keeps MetaSchedule from copying handlers that
+    # others attached to it (unnamed ones break its config templating on a second run in one process).
+    loggers = {
+        _MS_LOGGER: {
+            "level": "DEBUG",
+            "handlers": [f"{_MS_LOGGER}.console", f"{_MS_LOGGER}.file"],
+            "propagate": False,
+        }
+    }
+    ms.logging.create_loggers(
+        log_dir=str(log_dir),
+        params=[{"log_dir": str(log_dir), "logger_name": n} for n in names],
+        logger_config={"handlers": console, "loggers": loggers},
+    )
+    return [ms.logging.get_logger(n) for n in names]
+
+
+def gflops(flops: float, latency_us: float | None) -> float | None:
+    """Throughput of a kernel, or None when unknown."""
+    if not latency_us or not flops or math.isnan(latency_us):
+        return None
+    return flops / (latency_us * 1e-6) / 1e9
