@@ -53,7 +53,7 @@ def resolve_target(spec: str | dict[str, Any]) -> dict[str, Any]:
             raise InvalidTarget(f"target 'num-cores' must be a positive integer, got {target['num-cores']!r}")
     try:
         tvm_target = Target(target)
-    except (ValueError, TypeError, tvm.error.TVMError) as exc:
+    except (ValueError, TypeError, RuntimeError) as exc:
         raise InvalidTarget(f"invalid target {json.dumps(spec)}: {exc}") from exc
     if kind == "llvm" and "mcpu" in target:
         triple = target.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()

@@ -1,0 +1,108 @@
+"""The ``kiln`` console script, run as a user runs it (a subprocess), on the bundled examples."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MLP = REPO / "examples" / "mlp.onnx"
+
+
+def kiln(*args: str, data_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "COLUMNS": "200"}
+    env.pop("KILN_DATABASE_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def test_tasks_prints_the_fused_kernels_without_tuning(tmp_path: Path) -> None:
+    done = kiln("tasks", str(MLP), data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "fused_matmul_add_relu" in done.stdout
+    assert "5 Relax operators -> 2 fused kernels" in done.stdout
+    assert not (tmp_path / "kiln.db").exists()  # a preview stores nothing
+
+
+def test_tasks_show_tir_prints_unscheduled_tir(tmp_path: Path) -> None:
+    done = kiln("tasks", str(MLP), "--show-tir", "0", data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "T.prim_func" in done.stdout
+
+
+def test_corrupt_model_exits_2_with_the_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model at all")
+    done = kiln("tune", str(bad), "--trials", "4", data_dir=tmp_path)
+    assert done.returncode == 2
+    assert "invalid_model" in done.stderr and "bad.onnx" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_target_exits_2_before_storing_anything(tmp_path: Path) -> None:
+    done = kiln("tune", str(MLP), "--target", '{"kind": "nope"}', data_dir=tmp_path)
+    assert done.returncode == 2
+    assert "invalid_target" in done.stderr and "'nope' is not supported" in done.stderr
+    assert not (tmp_path / "models").exists()
+
+
+def test_bad_input_shape_syntax_exits_2(tmp_path: Path) -> None:
+    done = kiln("tasks", str(MLP), "--input-shape", "x=1xAx3", data_dir=tmp_path)
+    assert done.returncode == 2
+    assert "--input-shape" in done.stderr
+
+
+def test_db_upgrade_and_current(tmp_path: Path) -> None:
+    done = kiln("db", "upgrade", data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    current = json.loads(kiln("db", "current", data_dir=tmp_path).stdout)
+    assert current["current"] == current["head"] is not None
+
+
+@pytest.mark.slow
+def test_tune_then_reuse_records_then_export(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = kiln("tune", str(MLP), "--trials", "6", "--out", str(out), data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "faster" in done.stdout
+    assert "verified vs onnxruntime" in done.stdout
+    artifact = out / "mlp.tar.gz"
+    with tarfile.open(artifact) as tar:
+        assert "model.so" in tar.getnames()
+
+    listing = kiln("jobs", data_dir=tmp_path)
+    assert listing.returncode == 0 and "succeeded" in listing.stdout
+    job_id = json.loads(tar_manifest(artifact))["job_id"]
+
+    warm = kiln("tune", str(MLP), "--trials", "0", data_dir=tmp_path)
+    assert warm.returncode == 0, warm.stderr
+    assert "2/2 tasks start warm" in warm.stdout
+
+    status = kiln("status", job_id, data_dir=tmp_path)
+    assert status.returncode == 0 and "succeeded" in status.stdout
+
+    records = tmp_path / "records"
+    exported = kiln("export", job_id, "--what", "records", "--out", str(records), data_dir=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    lines = (records / "database_tuning_record.json").read_text().splitlines()
+    assert 0 < len(lines) <= 6
+
+    missing = kiln("status", "no-such-job", data_dir=tmp_path)
+    assert missing.returncode == 2 and "not_found" in missing.stderr
+
+
+def tar_manifest(artifact: Path) -> str:
+    with tarfile.open(artifact) as tar:
+        return tar.extractfile("manifest.json").read().decode()
