@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 import tarfile
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +103,19 @@ def write_records(
     return written
 
 
+@contextlib.contextmanager
+def _native_stderr_muted() -> Iterator[None]:
+    """Silence TVM's C++ log lines on fd 2 ("Warning: Scope Saving:" once per function on export)."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def pack_artifact(
     executable: Any,
     manifest: dict[str, Any],
@@ -110,7 +126,8 @@ def pack_artifact(
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kiln-artifact-") as tmp:
         root = Path(tmp)
-        executable.export_library(str(root / "model.so"))
+        with _native_stderr_muted():
+            executable.export_library(str(root / "model.so"))
         manifest = dict(manifest)
         manifest["records"] = write_records(record_rows, root / "records")
         manifest["files"] = [

@@ -52,8 +52,8 @@ def _store() -> Any:
 
 @app.callback()
 def _global(
-    data_dir: Annotated[Path | None, typer.Option(help="Data directory [env KILN_DATA_DIR]")] = None,
-    database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL [env KILN_DATABASE_URL]")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Data directory (env KILN_DATA_DIR)")] = None,
+    database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL (env KILN_DATABASE_URL)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what Kiln does")] = False,
 ) -> None:
     """Global options; every one also reads its KILN_* environment variable."""
@@ -220,7 +220,7 @@ def tasks(
     from tuner.tasks import plan_graph
 
     imported = load_model(model, parse_input_shapes(input_shape or []))
-    plan = plan_graph(imported.mod, to_tvm_target(resolve_target(target)))
+    plan = plan_graph(imported.mod, to_tvm_target(resolve_target(target)), _State.settings.weight_prepack)
     table = Table(title=f"{model.name}: tuning tasks")
     for col in ("#", "task", "weight", "MFLOP", "workload hash"):
         table.add_column(col, justify="left" if col in ("task", "workload hash") else "right")

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     measure_min_repeat_ms: int = Field(default=50, ge=0, description="Minimum time of one repeat")
     search_population: int = Field(default=256, ge=16, description="Evolutionary search population per round")
     builder_workers: int | None = Field(default=None, description="Parallel builds; default: physical cores")
+    weight_prepack: bool = Field(
+        default=True, description="CPU: let tuned kernels choose the weights' layout"
+    )
     verify_rtol: float = Field(default=1e-3, gt=0, description="Relative tolerance of artifact checks")
     verify_atol: float = Field(default=1e-4, gt=0, description="Absolute tolerance of artifact checks")
 

@@ -58,15 +58,15 @@ def operator_histogram(mod: tvm.IRModule) -> dict[str, int]:
 
 
 def uses_weight_prepack(target: Target) -> bool:
-    """CPU targets re-lay-out constant weights once at compile time (MetaSchedule's RewriteLayout)."""
+    """Whether weights can be re-laid-out at compile time for ``target`` (MetaSchedule's RewriteLayout, CPU)."""
     return "cpu" in [str(k) for k in target.keys]
 
 
-def lower_graph(prepared: tvm.IRModule, target: Target) -> tvm.IRModule:
-    """Legalize to TIR and fuse (TVM's ``zero`` pipeline), marking weights as layout-free on CPU."""
+def lower_graph(prepared: tvm.IRModule, target: Target, weight_prepack: bool) -> tvm.IRModule:
+    """Legalize to TIR and fuse (TVM's ``zero`` pipeline), optionally marking weights layout-free."""
     with target:
         lowered = relax.get_pipeline("zero")(prepared)
-        if uses_weight_prepack(target):
+        if weight_prepack:
             lowered = relax.transform.AttachAttrLayoutFreeBuffers()(lowered)
     return lowered
 
@@ -88,11 +88,16 @@ def describe_task(task: Any) -> TaskInfo:
     )
 
 
-def plan_graph(mod: tvm.IRModule, target: Target) -> GraphPlan:
-    """Run Kiln's graph passes on an imported model and extract its tuning tasks."""
+def plan_graph(mod: tvm.IRModule, target: Target, weight_prepack: bool = True) -> GraphPlan:
+    """Run Kiln's graph passes on an imported model and extract its tuning tasks.
+
+    ``weight_prepack`` (CPU only) lets tuned kernels pick their weights' layout, applied once at compile
+    time; it makes the search about twice as slow per trial.
+    """
+    prepack = weight_prepack and uses_weight_prepack(target)
     operators = operator_histogram(mod)
     prepared = inference_passes()(mod)
-    lowered = lower_graph(prepared, target)
+    lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]
     fusion = FusionSummary(
@@ -107,7 +112,7 @@ def plan_graph(mod: tvm.IRModule, target: Target) -> GraphPlan:
         tasks=tasks,
         infos=infos,
         fusion=fusion,
-        weight_prepack=uses_weight_prepack(target),
+        weight_prepack=prepack,
     )
 
 

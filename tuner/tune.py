@@ -19,6 +19,7 @@ from schedules._tvm import (
 from schedules.spaces import space_for
 from tuner.builder import PooledBuilder
 from tuner.errors import InvalidSpec
+from tuner.runner import ExclusiveRunner
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def make_runner(config: MeasureConfig) -> Any:
     """The measurement runner: this machine's CPU, or devices behind a TVM RPC tracker."""
     kind = config.runner.get("kind", "local")
     if kind == "local":
-        return ms.runner.LocalRunner(evaluator_config=_evaluator(config))
+        return ExclusiveRunner(ms.runner.LocalRunner(evaluator_config=_evaluator(config)))
     if kind == "rpc":
         tracker = str(config.runner.get("tracker", ""))
         host, _, port = tracker.rpartition(":")
@@ -213,23 +214,27 @@ def tune_tasks(
         per_iter,
         target,
     )
+    profiler = ms.Profiler()
     try:
-        ms.tune_tasks(
-            tasks=contexts,
-            task_weights=[float(t.weight) for t in tasks],
-            work_dir=str(work_dir),
-            max_trials_global=budget.trials,
-            max_trials_per_task=budget.max_trials_per_task,
-            num_trials_per_iter=per_iter,
-            builder=builder,
-            runner=make_runner(config),
-            database=database,
-            cost_model=make_cost_model(config.cost_model, cores),
-            measure_callbacks=callbacks,
-            task_scheduler="gradient",
-        )
+        with profiler:
+            ms.tune_tasks(
+                tasks=contexts,
+                task_weights=[float(t.weight) for t in tasks],
+                work_dir=str(work_dir),
+                max_trials_global=budget.trials,
+                max_trials_per_task=budget.max_trials_per_task,
+                num_trials_per_iter=per_iter,
+                builder=builder,
+                runner=make_runner(config),
+                database=database,
+                cost_model=make_cost_model(config.cost_model, cores),
+                measure_callbacks=callbacks,
+                task_scheduler="gradient",
+            )
     finally:
         builder.shutdown()
+        # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
+        (work_dir / "profile.txt").write_text(str(profiler.table()))
 
 
 _MS_LOGGER = "tvm.s_tir.meta_schedule"

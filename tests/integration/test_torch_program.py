@@ -1,0 +1,48 @@
+"""A PyTorch ``torch.export`` program tuned end to end (needs the ``torch`` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.models import build_torch_mlp, save_torch_program
+from tuner.compile import LoadedModel
+from tuner.entities import JobSpec, JobStatus, ModelFormat
+from tuner.job import run_job, submit_job
+from tuner.models import register_model
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.targets import host_target
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+
+def test_pt2_program_tunes_and_matches_torch_eager(settings: Settings, tmp_path: Path) -> None:
+    module = build_torch_mlp()
+    example = torch.randn(2, 16)
+    path = save_torch_program(module, (example,), tmp_path / "mlp.pt2")
+    store = Store.from_settings(settings)
+    store.ensure_schema()
+
+    model, _ = register_model(store, settings, path)
+    assert model.format is ModelFormat.TORCH_EXPORT
+    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=4))
+    result = run_job(store, settings, job.id)
+
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    assert [c.reference for c in result.comparisons] == ["untuned TVM"]
+    import tarfile
+
+    unpacked = tmp_path / "artifact"
+    with tarfile.open(result.artifact.path) as tar:
+        tar.extractall(unpacked, filter="data")
+    from schedules._tvm import tvm
+
+    loaded = LoadedModel(tvm.runtime.load_module(str(unpacked / "model.so")))
+    x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    with torch.no_grad():
+        expected = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(loaded.run([x])[0], expected, rtol=1e-4, atol=1e-5)
