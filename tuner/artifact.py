@@ -116,18 +116,25 @@ def _native_stderr_muted() -> Iterator[None]:
         os.close(saved)
 
 
+def export_library(executable: Any, dest: Path) -> Path:
+    """Export a compiled model as a shared library (linked with the system C++ compiler)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _native_stderr_muted():
+        executable.export_library(str(dest))
+    return dest
+
+
 def pack_artifact(
-    executable: Any,
+    library: Path,
     manifest: dict[str, Any],
     record_rows: list[tuple[int, str, str]],
     dest: Path,
 ) -> ArtifactFile:
-    """Export the library, write manifest, records and run.py, and pack them into ``dest`` (.tar.gz)."""
+    """Pack the exported library, manifest, records and run.py into ``dest`` (.tar.gz)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kiln-artifact-") as tmp:
         root = Path(tmp)
-        with _native_stderr_muted():
-            executable.export_library(str(root / "model.so"))
+        shutil.copyfile(library, root / "model.so")
         manifest = dict(manifest)
         manifest["records"] = write_records(record_rows, root / "records")
         manifest["files"] = [

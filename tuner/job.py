@@ -7,9 +7,8 @@ measured records behind and the next run of the same model on the same target st
 from __future__ import annotations
 
 import logging
-import math
+import shutil
 import socket
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 import tuner
 from schedules._tvm import tvm
-from tuner.artifact import pack_artifact
+from tuner.artifact import export_library, pack_artifact
 from tuner.compile import (
     Comparison,
     LoadedModel,
@@ -32,6 +31,7 @@ from tuner.compile import (
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelFormat, ModelInfo, Task
 from tuner.errors import KilnError, TuningFailed
 from tuner.frontend import ImportedModel, load_model
+from tuner.measure import latency_in_fresh_process
 from tuner.models import model_file
 from tuner.settings import Settings
 from tuner.store.ms_database import KilnDatabase
@@ -73,6 +73,7 @@ class JobResult:
     fusion: FusionSummary
     artifact: Artifact | None
     comparisons: list[Comparison]
+    latency_ms: dict[str, float]  # "untuned TVM", "tuned", and peers such as "onnxruntime"
 
 
 def submit_job(store: Store, spec: JobSpec) -> Job:
@@ -184,29 +185,36 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     )
     if should_stop is not None and should_stop():
         store.finish_job(job.id, JobStatus.CANCELLED, error="cancelled; measured records were kept")
-        return JobResult(store.get_job(job.id), progress.tasks, plan.fusion, None, [])
+        return JobResult(store.get_job(job.id), progress.tasks, plan.fusion, None, [], {})
 
     listener.stage("compiling")
+    build_dir = settings.jobs_dir / job.id / "build"
     tuned_exe = build_tuned(plan, target, database)
+    tuned_lib = export_library(tuned_exe, build_dir / "model.so")
     comparisons: list[Comparison] = []
-    baseline_ms = tuned_ms = None
-    reference_ms: dict[str, float] = {}
+    latency: dict[str, float] = {}
     if is_host_cpu(spec.target):
         listener.stage("verifying")
-        comparisons, baseline_ms, tuned_ms, reference_ms = _verify_and_measure(
-            settings, imported, model, target, tuned_exe, spec.seed
-        )
+        inputs = random_inputs(imported.signature, spec.seed)
+        untuned_exe = build_untuned(imported.mod, target)
+        comparisons = _verify(settings, imported, tuned_exe, untuned_exe, inputs)
+        listener.stage("measuring")
+        latency = _measure(imported, untuned_exe, tuned_lib, build_dir, inputs)
 
     listener.stage("packaging")
     tasks = store.list_tasks(job.id)
-    manifest = _manifest(
-        job, model, imported, plan, tasks, baseline_ms, tuned_ms, reference_ms, comparisons, settings
-    )
+    manifest = _manifest(job, model, imported, plan, tasks, latency, comparisons, settings)
     rows = store.all_records(job.target_key, workload_ids=[t.workload_id for t in tasks], valid_only=True)
-    packed = pack_artifact(tuned_exe, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
+    packed = pack_artifact(tuned_lib, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
+    shutil.rmtree(build_dir, ignore_errors=True)
     artifact = store.add_artifact(job.id, str(packed.path.resolve()), packed.sha256, packed.size_bytes)
-    store.finish_job(job.id, JobStatus.SUCCEEDED, baseline_latency_ms=baseline_ms, tuned_latency_ms=tuned_ms)
-    return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons)
+    store.finish_job(
+        job.id,
+        JobStatus.SUCCEEDED,
+        baseline_latency_ms=latency.get("untuned TVM"),
+        tuned_latency_ms=latency.get("tuned"),
+    )
+    return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
 
 
 def _register_tasks(store: Store, job: Job, plan: GraphPlan, database: KilnDatabase) -> list[Task]:
@@ -228,66 +236,58 @@ def _register_tasks(store: Store, job: Job, plan: GraphPlan, database: KilnDatab
     return warm
 
 
-def _adaptive_repeat(model: LoadedModel, inputs: list[np.ndarray]) -> int:
-    start = time.perf_counter()
-    model.run(inputs)
-    once = time.perf_counter() - start
-    return int(min(10, max(3, math.ceil(1.0 / max(once, 1e-6)))))
-
-
-def _verify_and_measure(
+def _verify(
     settings: Settings,
     imported: ImportedModel,
-    model: ModelInfo,
-    target: Any,
     tuned_exe: Any,
-    seed: int,
-) -> tuple[list[Comparison], float, float, dict[str, float]]:
-    inputs = random_inputs(imported.signature, seed)
-    reference_ms: dict[str, float] = {}
-    comparisons: list[Comparison] = []
+    untuned_exe: Any,
+    inputs: list[np.ndarray],
+) -> list[Comparison]:
+    """Compare the tuned build with the untuned one and with onnxruntime (ONNX models, when installed)."""
     rtol, atol = settings.verify_rtol, settings.verify_atol
-    # onnxruntime first: TVM's thread pool keeps spinning for a moment after each call.
-    if model.format is ModelFormat.ONNX:
-        ort = _onnxruntime_reference(imported, inputs)
-        if ort is not None:
-            outputs, reference_ms["onnxruntime"] = ort
-            ort_outputs = outputs
-        else:
-            ort_outputs = None
-    else:
-        ort_outputs = None
-    baseline = LoadedModel(build_untuned(imported.mod, target))
-    tuned = LoadedModel(tuned_exe)
-    tuned_out = tuned.run(inputs)
-    comparisons.append(compare_outputs(tuned_out, baseline.run(inputs), "untuned TVM", rtol, atol))
-    if ort_outputs is not None:
-        comparisons.append(compare_outputs(tuned_out, ort_outputs, "onnxruntime", rtol, atol))
+    tuned_out = LoadedModel(tuned_exe).run(inputs)
+    comparisons = [
+        compare_outputs(tuned_out, LoadedModel(untuned_exe).run(inputs), "untuned TVM", rtol, atol)
+    ]
+    reference = _onnxruntime_outputs(imported, inputs)
+    if reference is not None:
+        comparisons.append(compare_outputs(tuned_out, reference, "onnxruntime", rtol, atol))
     require_match(comparisons, rtol, atol)
-    baseline_ms = baseline.latency_ms(inputs, repeat=_adaptive_repeat(baseline, inputs), min_repeat_ms=0)
-    tuned_ms = tuned.latency_ms(inputs)
-    return comparisons, baseline_ms, tuned_ms, reference_ms
+    return comparisons
 
 
-def _onnxruntime_reference(
-    imported: ImportedModel, inputs: list[np.ndarray]
-) -> tuple[list[np.ndarray], float] | None:
+def _measure(
+    imported: ImportedModel, untuned_exe: Any, tuned_lib: Path, build_dir: Path, inputs: list[np.ndarray]
+) -> dict[str, float]:
+    """End-to-end latencies in ms, each timed in its own fresh process."""
+    untuned_lib = export_library(untuned_exe, build_dir / "untuned.so")
+    latency = {
+        "untuned TVM": latency_in_fresh_process("tvm", untuned_lib, inputs),
+        "tuned": latency_in_fresh_process("tvm", tuned_lib, inputs),
+    }
+    if imported.format is ModelFormat.ONNX and _has_onnxruntime():
+        onnx_file = build_dir / "model.onnx"
+        onnx_file.write_bytes(imported.canonical_bytes)
+        latency["onnxruntime"] = latency_in_fresh_process("onnxruntime", onnx_file, inputs)
+    return latency
+
+
+def _has_onnxruntime() -> bool:
     try:
-        import onnxruntime
+        import onnxruntime  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+def _onnxruntime_outputs(imported: ImportedModel, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
+    if imported.format is not ModelFormat.ONNX or not _has_onnxruntime():
         return None
+    import onnxruntime
+
     session = onnxruntime.InferenceSession(imported.canonical_bytes, providers=["CPUExecutionProvider"])
     feed = {spec.name: x for spec, x in zip(imported.signature.inputs, inputs, strict=True)}
-    outputs = [np.asarray(o) for o in session.run(None, feed)]
-    for _ in range(3):
-        session.run(None, feed)
-    times = []
-    deadline = time.perf_counter() + 0.5
-    while len(times) < 10 or (time.perf_counter() < deadline and len(times) < 1000):
-        start = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - start)
-    return outputs, float(np.median(times)) * 1e3
+    return [np.asarray(o) for o in session.run(None, feed)]
 
 
 def _manifest(
@@ -296,12 +296,11 @@ def _manifest(
     imported: ImportedModel,
     plan: GraphPlan,
     tasks: list[Task],
-    baseline_ms: float | None,
-    tuned_ms: float | None,
-    reference_ms: dict[str, float],
+    latency: dict[str, float],
     comparisons: list[Comparison],
     settings: Settings,
 ) -> dict[str, Any]:
+    baseline_ms, tuned_ms = latency.get("untuned TVM"), latency.get("tuned")
     return {
         "kiln_version": tuner.__version__,
         "tvm_version": tvm.__version__,
@@ -339,7 +338,8 @@ def _manifest(
             "untuned_ms": baseline_ms,
             "tuned_ms": tuned_ms,
             "speedup": (baseline_ms / tuned_ms) if baseline_ms and tuned_ms else None,
-            "reference_ms": reference_ms,
+            "reference_ms": {k: v for k, v in latency.items() if k not in ("untuned TVM", "tuned")},
+            "method": "median wall time of main() in a fresh process per implementation, same seeded inputs",
             "measured_on": socket.gethostname() if tuned_ms is not None else None,
         },
         "verification": {

@@ -111,6 +111,13 @@ def test_mlp_tunes_verifies_and_reloads_in_fresh_process(
     got = _run_artifact_in_fresh_process(artifact, x, tmp_path)
     np.testing.assert_allclose(got, _onnxruntime(path, x), rtol=1e-4, atol=1e-5)
 
+    # The bundled run.py works as shipped, with plain TVM, from the unpacked folder.
+    ran = subprocess.run(
+        [sys.executable, "run.py"], cwd=tmp_path / "unpacked", capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "latency:" in ran.stdout and "(1, 10)" in ran.stdout
+
 
 def test_artifact_records_load_in_plain_tvm_json_database(
     sqlite_store: Store, settings: Settings, tmp_path: Path
