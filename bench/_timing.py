@@ -48,6 +48,28 @@ class Reps:
     warmup: int = 10
     budget_s: float = 30.0  # only for calls slower than SLOW_CALL_S
     min_calls: int = 5
+    rounds: int = 5  # interleaved rounds over all implementations (see ``interleaved``)
+
+
+def interleaved(timers: dict[str, Callable[[], dict[str, Any]]], rounds: int) -> dict[str, dict[str, Any]]:
+    """Time every implementation ``rounds`` times, round-robin, each time in a fresh process.
+
+    A VM's CPU time varies over seconds (neighbours, frequency); timing A then B once lets such a
+    drift land on one of them only. Interleaving spreads it over all, and each implementation's figure
+    is its median round (``ms``), with every round's median kept in ``round_ms``. Timers run in the
+    dict's order within a round, so a timer may use the result of one before it.
+    """
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            results[name].append(timer())
+    merged = {}
+    for name, runs in results.items():
+        ordered = sorted(runs, key=lambda r: r["ms"])
+        median_run = dict(ordered[(len(ordered) - 1) // 2])
+        median_run["round_ms"] = [r["ms"] for r in runs]
+        merged[name] = median_run
+    return merged
 
 
 def physical_cores() -> int:

@@ -33,7 +33,7 @@ from _report import (
     table,
     write_json,
 )
-from _timing import Reps, load_outputs, save_inputs, time_in_fresh_process
+from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
 from onnx import TensorProto, helper
 
 RTOL = 1e-4
@@ -75,14 +75,20 @@ def bench_size(n: int, trials: int, reps: Reps, work: Path, peak: float, seed: i
     rng = np.random.default_rng(seed)
     inputs = {x: rng.standard_normal((n, n), dtype=np.float32) for x in ("A", "B")}
     npz = save_inputs(work / f"{label}-inputs.npz", inputs)
-    runs = {
-        "kiln": time_in_fresh_process("tvm", kiln.model_so, npz, reps, out_dir=work / label / "kiln"),
-        "numpy": time_in_fresh_process("numpy-matmul", None, npz, reps, out_dir=work / label / "numpy"),
-        "numpy_openblas_unset": time_in_fresh_process(
+    timers = {
+        "kiln": lambda: time_in_fresh_process("tvm", kiln.model_so, npz, reps, out_dir=work / label / "kiln"),
+        "numpy": lambda: time_in_fresh_process(
+            "numpy-matmul", None, npz, reps, out_dir=work / label / "numpy"
+        ),
+        "numpy_openblas_unset": lambda: time_in_fresh_process(
             "numpy-matmul", None, npz, reps, unset_env=OPENBLAS_VARS, out_dir=work / label / "numpy-unset"
         ),
-        "untuned": time_in_fresh_process("tvm", kiln.untuned_so, npz, reps, out_dir=work / label / "untuned"),
     }
+    runs = interleaved(timers, reps.rounds)
+    # Untuned TVM takes seconds per call at these sizes: one round is plenty to show the gap.
+    runs["untuned"] = time_in_fresh_process(
+        "tvm", kiln.untuned_so, npz, reps, out_dir=work / label / "untuned"
+    )
     flop = 2.0 * n**3
     for r in runs.values():
         r["gflops"] = flop / (r["ms"] * 1e-3) / 1e9
@@ -168,7 +174,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     trials = args.trials if args.trials is not None else (8 if args.quick else 64)
-    reps = Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3) if args.quick else Reps()
+    reps = Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3, rounds=1) if args.quick else Reps()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
     run_stamp = stamp()

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _kiln import tune
 from _report import WORK, command_line, fmt, load_line, machine, manifest_line, stamp, table, write_json
-from _timing import Reps, load_outputs, save_inputs, time_in_fresh_process
+from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TORCH_TOLERANCE = 1e-4
@@ -37,32 +38,34 @@ def bench_model(name: str, trials: int, reps: Reps, work: Path, seed: int) -> di
     onnx_path = EXAMPLES / f"{name}.onnx"
     kiln = tune(onnx_path, work / "kiln", trials, name, seed)
     npz = save_inputs(work / f"{name}-inputs.npz", kiln.inputs)
-    runs: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
-    runs["kiln"] = time_in_fresh_process("tvm", kiln.model_so, npz, reps, out_dir=work / name / "kiln")
-    runs["untuned"] = time_in_fresh_process(
-        "tvm", kiln.untuned_so, npz, reps, out_dir=work / name / "untuned"
-    )
+    timers: dict[str, Callable[[], dict[str, Any]]] = {
+        "kiln": lambda: time_in_fresh_process("tvm", kiln.model_so, npz, reps, out_dir=work / name / "kiln"),
+        "untuned": lambda: time_in_fresh_process(
+            "tvm", kiln.untuned_so, npz, reps, out_dir=work / name / "untuned"
+        ),
+    }
     if importlib.util.find_spec("onnxruntime"):
-        runs["onnxruntime"] = time_in_fresh_process(
+        timers["onnxruntime"] = lambda: time_in_fresh_process(
             "onnxruntime", onnx_path, npz, reps, out_dir=work / name / "onnxruntime"
         )
     else:
         skipped["onnxruntime"] = "onnxruntime is not installed"
     if not importlib.util.find_spec("torch"):
         skipped["torch"] = "torch is not installed"
-    elif "onnxruntime" not in runs:
+    elif "onnxruntime" not in timers:
         skipped["torch"] = "no onnxruntime outputs to check the PyTorch twin against"
     else:
-        runs["torch"] = time_in_fresh_process(
+        timers["torch"] = lambda: time_in_fresh_process(
             "torch",
             onnx_path,
             npz,
             reps,
-            reference_npz=Path(runs["onnxruntime"]["outputs_npz"]),
+            reference_npz=work / name / "onnxruntime" / "outputs.npz",
             tolerance=TORCH_TOLERANCE,
             out_dir=work / name / "torch",
         )
+    runs = interleaved(timers, reps.rounds)
     for r in runs.values():
         r["kiln_speedup"] = r["ms"] / runs["kiln"]["ms"]
     errors = {}
@@ -146,7 +149,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     trials = args.trials if args.trials is not None else (8 if args.quick else 300)
-    reps = Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3) if args.quick else Reps()
+    reps = Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3, rounds=1) if args.quick else Reps()
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     missing = [n for n in names if not (EXAMPLES / f"{n}.onnx").is_file()]
     if missing:
