@@ -221,7 +221,9 @@ def tune_tasks(
                 tasks=contexts,
                 task_weights=[float(t.weight) for t in tasks],
                 work_dir=str(work_dir),
-                max_trials_global=budget.trials,
+                # MetaSchedule starts a round while fewer than this many trials are done, and a round
+                # adds at most ``per_iter``: so the total never exceeds the user's budget.
+                max_trials_global=max(1, budget.trials - per_iter + 1),
                 max_trials_per_task=budget.max_trials_per_task,
                 num_trials_per_iter=per_iter,
                 builder=builder,

@@ -1,0 +1,35 @@
+"""Budget arithmetic of the tuner: validation and the size of search rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.errors import InvalidSpec
+from tuner.tune import Budget, gflops, trials_per_iter
+
+
+def test_budget_rejects_negative_trials_and_zero_per_task_cap() -> None:
+    with pytest.raises(InvalidSpec, match="trials must be >= 0"):
+        Budget(-1)
+    with pytest.raises(InvalidSpec, match="per task must be >= 1"):
+        Budget(10, max_trials_per_task=0)
+    assert Budget(0).trials == 0
+
+
+@pytest.mark.parametrize(
+    ("trials", "tasks", "cap", "expected"),
+    [
+        (300, 6, None, 16),  # plenty: the preferred round size
+        (8, 2, None, 4),  # a small budget is shared so every task gets measured
+        (4, 6, None, 2),  # never below 2 candidates a round
+        (300, 6, 8, 8),  # a per-task cap bounds the round
+    ],
+)
+def test_rounds_shrink_for_small_budgets(trials: int, tasks: int, cap: int | None, expected: int) -> None:
+    assert trials_per_iter(Budget(trials, cap), tasks, preferred=16) == expected
+
+
+def test_gflops() -> None:
+    assert gflops(2e9, 1e6) == pytest.approx(2.0)
+    assert gflops(1e6, None) is None
+    assert gflops(0.0, 5.0) is None
