@@ -224,7 +224,10 @@ def tasks(
     from tuner.tasks import plan_graph
 
     imported = load_model(model, parse_input_shapes(input_shape or []))
-    plan = plan_graph(imported.mod, to_tvm_target(resolve_target(target)), _State.settings.weight_prepack)
+    settings = _State.settings
+    plan = plan_graph(
+        imported.mod, to_tvm_target(resolve_target(target)), settings.weight_prepack, settings.cpu_conv_layout
+    )
     table = Table(title=f"{model.name}: tuning tasks")
     for col in ("#", "task", "weight", "MFLOP", "workload hash"):
         table.add_column(col, justify="left" if col in ("task", "workload hash") else "right")

@@ -164,7 +164,7 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     target = to_tvm_target(spec.target)
 
     listener.stage("extracting tasks")
-    plan = plan_graph(imported.mod, target, weight_prepack=settings.weight_prepack)
+    plan = plan_graph(imported.mod, target, settings.weight_prepack, settings.cpu_conv_layout)
     database = KilnDatabase(store, job.target_key, job_id=job.id)
     tasks = _register_tasks(store, job, plan, database)
     budget = Budget(spec.trials, spec.max_trials_per_task, spec.seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +26,9 @@ class Settings(BaseSettings):
     builder_workers: int | None = Field(default=None, description="Parallel builds; default: physical cores")
     weight_prepack: bool = Field(
         default=True, description="CPU: let tuned kernels choose the weights' layout"
+    )
+    cpu_conv_layout: Literal["NHWC", "NCHW"] = Field(
+        default="NHWC", description="CPU: layout convolutions are converted to before tuning"
     )
     verify_rtol: float = Field(default=1e-3, gt=0, description="Relative tolerance of artifact checks")
     verify_atol: float = Field(default=1e-4, gt=0, description="Absolute tolerance of artifact checks")

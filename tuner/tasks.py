@@ -26,14 +26,22 @@ class GraphPlan:
     weight_prepack: bool
 
 
-def inference_passes() -> tvm.transform.Pass:
+CONV_LAYOUTS = {"NHWC": {"relax.nn.conv2d": ["NHWC", "OHWI"]}}
+
+
+def inference_passes(conv_layout: str | None = None) -> tvm.transform.Pass:
     """Inference simplifications run before legalization.
 
-    Batch-norm is decomposed so that it fuses into the preceding convolution's epilogue; constant
-    folding and common-subexpression elimination shrink the graph before fusion.
+    Convolutions can be converted to ``conv_layout`` (NHWC on CPU: channels innermost, so kernels
+    vectorize over output channels and write contiguously; transposes appear only at the graph's
+    edges). Batch-norm is decomposed so that it fuses into the preceding convolution's epilogue;
+    constant folding and common-subexpression elimination shrink the graph before fusion.
     """
+    # NCHW (or None) keeps the layout ONNX and PyTorch models come in.
+    layout = [relax.transform.ConvertLayout(CONV_LAYOUTS[conv_layout])] if conv_layout in CONV_LAYOUTS else []
     return tvm.transform.Sequential(
         [
+            *layout,
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.transform.EliminateCommonSubexpr(),
@@ -88,15 +96,19 @@ def describe_task(task: Any) -> TaskInfo:
     )
 
 
-def plan_graph(mod: tvm.IRModule, target: Target, weight_prepack: bool = True) -> GraphPlan:
+def plan_graph(
+    mod: tvm.IRModule, target: Target, weight_prepack: bool = True, cpu_conv_layout: str | None = "NHWC"
+) -> GraphPlan:
     """Run Kiln's graph passes on an imported model and extract its tuning tasks.
 
-    ``weight_prepack`` (CPU only) lets tuned kernels pick their weights' layout, applied once at compile
-    time; it makes the search about twice as slow per trial.
+    On CPU targets, ``weight_prepack`` lets tuned kernels pick their weights' layout, applied once at
+    compile time (it makes the search about twice as slow per trial), and convolutions are converted
+    to ``cpu_conv_layout`` ("NCHW" or None keeps the model's layout).
     """
-    prepack = weight_prepack and uses_weight_prepack(target)
+    cpu = uses_weight_prepack(target)
+    prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
-    prepared = inference_passes()(mod)
+    prepared = inference_passes(cpu_conv_layout if cpu else None)(mod)
     lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]
