@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,12 +85,11 @@ class LoadedModel:
         """Run once and return every output as numpy."""
         return _flatten(self.vm["main"](*self._args(inputs)))
 
-    def latency_ms(self, inputs: list[np.ndarray], repeat: int = 10, min_repeat_ms: int = 100) -> float:
-        """Median end-to-end latency of ``main`` in milliseconds (TVM's time evaluator)."""
-        timer = self.vm.time_evaluator(
-            "main", self.device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
-        )
-        return float(timer(*self._args(inputs)).median) * 1e3
+    def bound_call(self, inputs: list[np.ndarray]) -> Callable[[], Any]:
+        """``main`` with its arguments already converted: what a latency measurement should time."""
+        args = self._args(inputs)
+        main = self.vm["main"]
+        return lambda: main(*args)
 
 
 @dataclass(frozen=True)

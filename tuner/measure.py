@@ -47,15 +47,10 @@ def median_call_ms(call: Callable[[], Any]) -> tuple[float, int]:
 
 
 def _tvm_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
-    from schedules._tvm import relax, tvm
+    from schedules._tvm import tvm
+    from tuner.compile import LoadedModel
 
-    vm = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
-    params: list[Any] = []
-    if vm.module.implements_function("main_transform_params"):
-        params = list(vm["main_transform_params"]([]))
-    args = [tvm.runtime.tensor(x) for x in inputs] + params
-    main = vm["main"]
-    return lambda: main(*args)
+    return LoadedModel(tvm.runtime.load_module(path)).bound_call(inputs)
 
 
 def _onnxruntime_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:

@@ -65,8 +65,8 @@ def operator_histogram(mod: tvm.IRModule) -> dict[str, int]:
     return dict(counts)
 
 
-def uses_weight_prepack(target: Target) -> bool:
-    """Whether weights can be re-laid-out at compile time for ``target`` (MetaSchedule's RewriteLayout, CPU)."""
+def is_cpu_target(target: Target) -> bool:
+    """CPU targets get NHWC convolutions and compile-time weight re-layout (MetaSchedule's RewriteLayout)."""
     return "cpu" in [str(k) for k in target.keys]
 
 
@@ -105,7 +105,7 @@ def plan_graph(
     compile time (it makes the search about twice as slow per trial), and convolutions are converted
     to ``cpu_conv_layout`` ("NCHW" or None keeps the model's layout).
     """
-    cpu = uses_weight_prepack(target)
+    cpu = is_cpu_target(target)
     prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
     prepared = inference_passes(cpu_conv_layout if cpu else None)(mod)
