@@ -71,6 +71,8 @@ def estimate_flops(mod: tvm.IRModule) -> float:
 
 __all__ = [
     "PopenPoolExecutor",
+    "RPCServer",
+    "RPCTracker",
     "StatusKind",
     "Target",
     "build_worker_func",
@@ -82,6 +84,7 @@ __all__ = [
     "physical_core_count",
     "register_cpu_tensor_intrinsics",
     "relax",
+    "rpc_base",
     "s_tir",
     "structural_equal",
     "structural_hash",
@@ -128,6 +131,11 @@ def tuning_record_json(record: object) -> list[object]:
     """A MetaSchedule ``TuningRecord`` as plain JSON: ``[trace, run_secs, target, args_info]``."""
     return _plain_json(ms._ffi_api.TuningRecordAsJSON(record))  # type: ignore[attr-defined,return-value]
 
+
+# TVM's RPC: the tracker's wire protocol (``rpc_base``), and the tracker and server processes.
+from tvm.rpc import base as rpc_base  # noqa: E402
+from tvm.rpc.server import Server as RPCServer  # noqa: E402
+from tvm.rpc.tracker import Tracker as RPCTracker  # noqa: E402
 
 # MetaSchedule's per-candidate build step, run inside builder worker processes.
 from tvm.s_tir.meta_schedule.builder.local_builder import (  # noqa: E402

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from collections import defaultdict
@@ -161,3 +163,14 @@ def read_manifest(artifact: Path) -> dict[str, Any]:
         if member is None:
             raise FileNotFoundError(f"{artifact} has no manifest.json")
         return json.loads(member.read())
+
+
+def records_tarball(rows: list[tuple[int, str, str]], top_dir: str = "records") -> bytes:
+    """Every valid record of ``rows`` as a .tar.gz of a MetaSchedule JSON database (for downloads)."""
+    with tempfile.TemporaryDirectory(prefix="kiln-records-") as tmp:
+        dest = Path(tmp) / top_dir
+        write_records(rows, dest, per_workload=sys.maxsize)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            tar.add(dest, arcname=top_dir)
+        return buffer.getvalue()

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.entities import FusionSummary, Job, JobSpec, Task
-from tuner.errors import KilnError, TuningFailed
+from tuner.errors import InvalidSpec, KilnError, TuningFailed
 from tuner.settings import Settings
 
 app = typer.Typer(
@@ -27,6 +27,13 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+rpc_app = typer.Typer(
+    help="Remote measurement through TVM's RPC tracker: run a tracker or a device server, list devices.",
+    no_args_is_help=True,
+)
+app.add_typer(rpc_app, name="rpc")
+token_app = typer.Typer(help="API tokens for the REST API (multi-user).", no_args_is_help=True)
+app.add_typer(token_app, name="token")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -43,9 +50,13 @@ class _State:
 
 
 def _store() -> Any:
+    return _store_for(_State.settings)
+
+
+def _store_for(settings: Settings) -> Any:
     from tuner.store.sql import Store
 
-    store = Store.from_settings(_State.settings)
+    store = Store.from_settings(settings)
     store.ensure_schema(auto_create=True)
     return store
 
@@ -339,6 +350,245 @@ def db_current() -> None:
 
     store = Store.from_settings(_State.settings)
     console.print(json.dumps({"current": store.current_revision(), "head": store.head_revision()}))
+
+
+RPCHostOpt = Annotated[
+    str, typer.Option(help="Address to listen on (0.0.0.0: reachable from other machines)")
+]
+
+
+@rpc_app.command("tracker")
+def rpc_tracker(
+    host: RPCHostOpt = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 9190,
+) -> None:
+    """Run a TVM RPC tracker in the foreground until Ctrl-C or SIGTERM."""
+    from tuner.rpc import run_until_stopped, start_tracker
+
+    tracker = start_tracker(host, port, silent=not logging.getLogger().isEnabledFor(logging.INFO))
+    console.print(f"RPC tracker listening on [bold]{tracker.address}[/]; Ctrl-C stops it", highlight=False)
+    run_until_stopped(tracker)
+    console.print("RPC tracker stopped")
+
+
+@rpc_app.command("server")
+def rpc_server(
+    tracker: Annotated[str, typer.Option(help="Tracker to register at, host:port")],
+    key: Annotated[str, typer.Option(help="Device key that jobs' rpc runners ask for")],
+    host: RPCHostOpt = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 9090,
+) -> None:
+    """Run a TVM RPC server (a measurement device) registered at a tracker, until Ctrl-C or SIGTERM."""
+    from tuner.rpc import run_until_stopped, start_server
+
+    timeout = _State.settings.rpc_timeout_s
+    server = start_server(
+        tracker, key, host, port, silent=not logging.getLogger().isEnabledFor(logging.INFO), timeout_s=timeout
+    )
+    console.print(
+        f"RPC server [bold]{key}[/] listening on {server.address}, registered at tracker {tracker}; "
+        "Ctrl-C stops it",
+        highlight=False,
+    )
+    run_until_stopped(server, tracker=tracker, key=key, timeout_s=timeout)
+    console.print("RPC server stopped")
+
+
+@rpc_app.command("devices")
+def rpc_devices(
+    tracker: Annotated[str | None, typer.Option(help="Tracker host:port (default: KILN_RPC_TRACKER)")] = None,
+) -> None:
+    """List the devices registered at an RPC tracker, by key."""
+    from tuner.rpc import tracker_summary
+
+    address = tracker or _State.settings.rpc_tracker
+    if not address:
+        raise InvalidSpec("no tracker given: pass --tracker HOST:PORT or set KILN_RPC_TRACKER")
+    queues = tracker_summary(address, _State.settings.rpc_timeout_s)
+    table = Table(title=f"RPC devices at {address}")
+    for col in ("key", "servers", "free", "pending"):
+        table.add_column(col, justify="left" if col == "key" else "right")
+    for q in queues:
+        table.add_row(q.key, str(q.total), str(q.free), str(q.pending))
+    console.print(table)
+    if not queues:
+        console.print(
+            f"no servers registered; start one with `kiln rpc server --tracker {address} --key KEY`"
+        )
+
+
+def _log_to_console(verbose_default: bool = True) -> None:
+    """Long-running commands (serve, worker) say what they do at INFO level."""
+    for name in ("tuner", "service"):
+        logging.getLogger(name).setLevel(logging.INFO if verbose_default else logging.WARNING)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command()
+def submit(
+    model: Annotated[
+        Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
+    ],
+    target: TargetOpt = "host",
+    trials: Annotated[int, typer.Option(help="Total measured trials over all tasks")] = 64,
+    per_task: Annotated[
+        int | None, typer.Option("--per-task", help="At most this many trials per task")
+    ] = None,
+    input_shape: ShapeOpt = None,
+    seed: Annotated[int, typer.Option(help="Search seed")] = 0,
+    cost_model: Annotated[str, typer.Option(help="xgb or random")] = "xgb",
+    rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
+    rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
+    name: Annotated[str | None, typer.Option(help="Model name (default: file name)")] = None,
+) -> None:
+    """Queue a tuning job for the workers (`kiln serve` or `kiln worker`) and print its id."""
+    from tuner.frontend import parse_input_shapes
+    from tuner.job import submit_job
+    from tuner.models import register_model
+
+    shapes = parse_input_shapes(input_shape or [])
+    store = _store()
+    info, _ = register_model(store, _State.settings, model, name=name, input_shapes=shapes)
+    runner: dict[str, Any] = {"kind": "local"}
+    if rpc_tracker or rpc_key:
+        runner = {"kind": "rpc", "tracker": rpc_tracker or _State.settings.rpc_tracker, "key": rpc_key}
+    spec = JobSpec(
+        model_id=info.id,
+        target=target,  # type: ignore[arg-type]  # resolved by submit_job
+        trials=trials,
+        max_trials_per_task=per_task,
+        seed=seed,
+        input_shapes=shapes,
+        runner=runner,
+        cost_model=cost_model,
+    )
+    job = submit_job(store, spec)
+    console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
+
+
+@app.command()
+def cancel(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
+    """Cancel a job: a queued one at once; a running one stops within seconds, keeping its records."""
+    job = _store().request_cancel(job_id)
+    console.print(
+        f"job {job.id}: {'cancel requested' if job.status.value == 'running' else job.status.value}"
+    )
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (env KILN_HOST; default 127.0.0.1)")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port (env KILN_PORT; default 8000)")] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="Embedded workers (env KILN_EMBEDDED_WORKERS; default 1)")
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow a non-loopback address without API tokens")
+    ] = False,
+    max_upload_mb: Annotated[int | None, typer.Option(help="Largest upload (env KILN_MAX_UPLOAD_MB)")] = None,
+) -> None:
+    """Serve the REST API (docs at /docs) with embedded workers; SQLite by default."""
+    import uvicorn
+
+    # The web layer sits on top of the core; only this command reaches up to it.
+    from service.app import create_app
+
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "host": host,
+            "port": port,
+            "embedded_workers": workers,
+            "max_upload_mb": max_upload_mb,
+        }.items()
+        if v is not None
+    }
+    if insecure:
+        overrides["insecure"] = True
+    settings = _State.settings.model_copy(update=overrides)
+    store = _store_for(settings)
+    if (
+        not _is_loopback(settings.host)
+        and not settings.insecure
+        and not (settings.api_tokens or store.has_tokens())
+    ):
+        raise InvalidSpec(
+            f"refusing to serve on {settings.host} without API tokens: anyone on the network could upload "
+            "and run code. Set KILN_API_TOKENS=name:token, create one with `kiln token create NAME`, "
+            "or pass --insecure"
+        )
+    _log_to_console()
+    app_ = create_app(settings, store=store)
+    shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    console.print(
+        f"Kiln serving on [bold]http://{shown}:{settings.port}/[/] (API docs at /docs) with "
+        f"{settings.embedded_workers} embedded worker(s); database {store}"
+    )
+    uvicorn.run(app_, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10)
+
+
+@app.command()
+def worker(
+    name: Annotated[str | None, typer.Option(help="Worker name (default host:pid)")] = None,
+    once: Annotated[bool, typer.Option("--once", help="Run at most one job, then exit")] = False,
+) -> None:
+    """Run a standalone worker against the database (many of them, on many machines, with PostgreSQL)."""
+    from tuner.worker import Worker, stop_on_signals
+
+    settings = _State.settings
+    _log_to_console()
+    runner = Worker(settings, name, _store_for(settings))
+    stop_on_signals(runner.stop)
+    console.print(f"worker [bold]{runner.name}[/] serving jobs from {runner.store}")
+    if once:
+        runner.run_once()
+    else:
+        runner.run_forever()
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Argument(help="Who the token is for; owns what it creates")],
+) -> None:
+    """Create an API token (printed once; only its hash is stored). The API then requires tokens."""
+    from tuner.tokens import new_token, token_sha256
+
+    if not name.strip() or len(name) > 64:
+        raise InvalidSpec("a token name must be 1 to 64 characters")
+    token = new_token()
+    _store().add_token(name.strip(), token_sha256(token))
+    console.print(f"token for [bold]{name}[/] (shown only now): ")
+    print(token)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """List token names (tokens themselves are not stored)."""
+    table = Table(title="API tokens")
+    table.add_column("name")
+    table.add_column("created")
+    for name, created in _store().list_tokens():
+        table.add_row(name, created.strftime("%Y-%m-%d %H:%M"))
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(name: Annotated[str, typer.Argument(help="Token name")]) -> None:
+    """Revoke a token."""
+    _store().delete_token(name)
+    console.print(f"token {name} revoked")
 
 
 def main() -> None:

@@ -83,6 +83,7 @@ class ModelInfo:
     size_bytes: int
     signature: ModelSignature
     created_at: datetime
+    owner: str = ""  # the API token name that uploaded it ("" when the service runs without auth)
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,12 @@ class Job:
     tuned_latency_ms: float | None = None
     worker: str | None = None
     attempts: int = 0
+    owner: str = ""
+    heartbeat_at: datetime | None = None
+    cancel_requested: bool = False
+    stage: str | None = None  # what a running job is doing: importing, tuning, compiling...
+    trials_done: int = 0
+    trials_total: int = 0
 
     @property
     def speedup(self) -> float | None:

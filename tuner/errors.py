@@ -88,3 +88,21 @@ class VerificationFailed(TuningFailed):
     """The tuned build's outputs do not match the reference within tolerance."""
 
     kind = "verification_failed"
+
+
+class DeviceUnavailable(KilnError):
+    """A measurement device cannot be reached: the RPC tracker is down, or no server has the key."""
+
+    kind = "device_unavailable"
+
+
+class Unauthorized(KilnError):
+    """The request carries no valid API token while the service requires one."""
+
+    kind = "unauthorized"
+
+
+class PayloadTooLarge(KilnError):
+    """An upload is larger than the service accepts (``KILN_MAX_UPLOAD_MB``)."""
+
+    kind = "payload_too_large"

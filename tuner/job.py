@@ -6,9 +6,12 @@ measured records behind and the next run of the same model on the same target st
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 import socket
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,10 +32,11 @@ from tuner.compile import (
     require_match,
 )
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelFormat, ModelInfo, Task
-from tuner.errors import KilnError, TuningFailed
+from tuner.errors import Conflict, InvalidSpec, KilnError, MissingInputShape, TuningFailed
 from tuner.frontend import ImportedModel, load_model
 from tuner.measure import latency_in_fresh_process
 from tuner.models import model_file
+from tuner.rpc import check_runner, parse_tracker
 from tuner.settings import Settings
 from tuner.store.ms_database import KilnDatabase
 from tuner.store.sql import Store
@@ -76,13 +80,42 @@ class JobResult:
     latency_ms: dict[str, float]  # "untuned TVM", "tuned", and peers such as "onnxruntime"
 
 
-def submit_job(store: Store, spec: JobSpec) -> Job:
-    """Validate a spec (target, budget, model) and queue a job for it."""
-    store.get_model(spec.model_id)
+def submit_job(store: Store, spec: JobSpec, owner: str = "") -> Job:
+    """Validate a spec (model of ``owner``, target, budget, runner) and queue a job for it."""
+    model = store.get_model(spec.model_id, owner)
+    _check_input_shapes(model, spec)
     target = resolve_target(spec.target)
     Budget(spec.trials, spec.max_trials_per_task, spec.seed)
+    validate_runner(spec.runner)
     spec = JobSpec.from_dict({**spec.to_dict(), "target": target})
-    return store.create_job(spec, canonical_target_key(target))
+    return store.create_job(spec, canonical_target_key(target), owner)
+
+
+def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
+    names = [t.name for t in model.signature.inputs]
+    unknown = sorted(set(spec.input_shapes) - set(names))
+    if unknown:
+        raise InvalidSpec(f"input_shapes names unknown inputs {unknown}; the model's inputs are {names}")
+    for t in model.signature.inputs:
+        if not t.is_static and t.name not in spec.input_shapes:
+            example = [d if isinstance(d, int) else 1 for d in t.shape]
+            raise MissingInputShape(
+                f"input '{t.name}' has dynamic dimensions {list(t.shape)}: give its shape in input_shapes, "
+                f'e.g. {{"{t.name}": {example}}}'
+            )
+
+
+def validate_runner(runner: dict[str, Any]) -> None:
+    """Check a runner spec's shape: ``{"kind": "local"}`` or ``{"kind": "rpc", "tracker", "key"}``."""
+    kind = runner.get("kind", "local") if isinstance(runner, dict) else None
+    if kind == "local":
+        return
+    if kind != "rpc":
+        raise InvalidSpec(f"unknown runner {runner!r}; use {{'kind': 'local'}} or {{'kind': 'rpc', ...}}")
+    key = runner.get("key")
+    if not isinstance(key, str) or not key:
+        raise InvalidSpec("an rpc runner needs a device 'key' (as registered with the RPC tracker)")
+    parse_tracker(str(runner.get("tracker") or ""))
 
 
 def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
@@ -103,13 +136,19 @@ class _Progress:
     """Keeps per-task trial counts and bests, mirrored into the store after each batch."""
 
     def __init__(
-        self, store: Store, job_id: str, tasks: list[Task], trials_total: int, listener: JobListener
+        self,
+        store: Store,
+        job_id: str,
+        tasks: list[Task],
+        trials_total: int,
+        listener: JobListener,
+        trials_done: int = 0,
     ):
         self.store = store
         self.job_id = job_id
         self.tasks = tasks
         self.trials_total = trials_total
-        self.trials_done = 0
+        self.trials_done = trials_done
         self.listener = listener
 
     def on_batch(self, batch: TrialBatch) -> None:
@@ -131,6 +170,51 @@ def _input_shapes(model: ModelInfo, spec: JobSpec) -> dict[str, tuple[int, ...]]
     return {t.name: tuple(int(d) for d in t.shape) for t in model.signature.inputs if t.is_static}
 
 
+class _StageRecorder:
+    """Passes a job's progress on to a listener and records its stage in the store."""
+
+    def __init__(self, store: Store, job_id: str, listener: JobListener) -> None:
+        self.store, self.job_id, self.listener = store, job_id, listener
+
+    def stage(self, name: str) -> None:
+        self.store.set_job_stage(self.job_id, name)
+        self.listener.stage(name)
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
+        self.listener.planned(tasks, fusion, trials_total)
+
+    def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
+        self.listener.measured(task, trials_done, trials_total)
+
+
+class Heartbeat:
+    """Keeps a running job's heartbeat fresh from a background thread (``with Heartbeat(...):``).
+
+    Without it, a worker elsewhere would take the job for abandoned and requeue it.
+    """
+
+    def __init__(self, store: Store, job_id: str, worker: str, interval_s: float) -> None:
+        self.store, self.job_id, self.worker, self.interval_s = store, job_id, worker, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id[:8]}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if self.store.heartbeat(self.job_id, self.worker) is None:
+                    return
+            except Exception:  # a database hiccup must not kill the job; the next beat retries
+                log.exception("heartbeat of job %s failed", self.job_id)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_job(
     store: Store,
     settings: Settings,
@@ -139,21 +223,48 @@ def run_job(
     should_stop: Any = None,
     worker: str | None = None,
 ) -> JobResult:
-    """Run a queued job to its end; the job row always ends ``succeeded``, ``failed`` or ``cancelled``."""
-    listener = listener or _SilentListener()
-    job = store.mark_job_running(job_id, worker or f"{socket.gethostname()}:cli")
+    """Run a queued job in this process to its end (the CLI's path; the service uses workers).
+
+    The job row always ends ``succeeded``, ``failed`` or ``cancelled``.
+    """
+    worker = worker or f"{socket.gethostname()}:cli:{os.getpid()}"
+    job = store.mark_job_running(job_id, worker)
+    with Heartbeat(store, job_id, worker, settings.heartbeat_s):
+        try:
+            return execute_job(store, settings, job, listener, should_stop)
+        except KeyboardInterrupt:
+            _finish(store, job_id, JobStatus.CANCELLED, "interrupted by the user; measured records were kept")
+            raise
+
+
+def execute_job(
+    store: Store,
+    settings: Settings,
+    job: Job,
+    listener: JobListener | None = None,
+    should_stop: Any = None,
+) -> JobResult:
+    """Run a job already marked running (by :func:`run_job` or a worker's claim) and record its outcome.
+
+    A job that ran before (its worker died) resumes: its tasks are reused and its budget counts the
+    records it already measured, which the search also starts from.
+    """
+    recorder = _StageRecorder(store, job.id, listener or _SilentListener())
     try:
-        return _run(store, settings, job, listener, should_stop)
-    except KeyboardInterrupt:
-        store.finish_job(job_id, JobStatus.CANCELLED, error="interrupted by the user")
-        raise
+        return _run(store, settings, job, recorder, should_stop)
     except KilnError as exc:
-        store.finish_job(job_id, JobStatus.FAILED, error=exc.message)
+        _finish(store, job.id, JobStatus.FAILED, exc.message)
         raise
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}".strip()
-        store.finish_job(job_id, JobStatus.FAILED, error=message[:4000])
+        _finish(store, job.id, JobStatus.FAILED, message[:4000])
         raise TuningFailed(message) from exc
+
+
+def _finish(store: Store, job_id: str, status: JobStatus, error: str) -> None:
+    # Already finished elsewhere (e.g. cancelled by its worker): keep that outcome.
+    with contextlib.suppress(Conflict):
+        store.finish_job(job_id, status, error=error)
 
 
 def _run(store: Store, settings: Settings, job: Job, listener: JobListener, should_stop: Any) -> JobResult:
@@ -167,24 +278,27 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     plan = plan_graph(imported.mod, target, settings.weight_prepack, settings.cpu_conv_layout)
     database = KilnDatabase(store, job.target_key, job_id=job.id)
     tasks = _register_tasks(store, job, plan, database)
-    budget = Budget(spec.trials, spec.max_trials_per_task, spec.seed)
-    progress = _Progress(store, job.id, tasks, spec.trials, listener)
-    store.update_job_progress(job.id, 0, spec.trials)
+    trials_done = sum(t.trials for t in tasks)
+    remaining = max(0, spec.trials - trials_done)
+    progress = _Progress(store, job.id, tasks, spec.trials, listener, trials_done)
+    store.update_job_progress(job.id, trials_done, spec.trials)
     listener.planned(list(tasks), plan.fusion, spec.trials)
 
+    if remaining > 0:
+        check_runner(spec.runner, settings.rpc_timeout_s)
     listener.stage("tuning")
     tune_tasks(
         plan.tasks,
         target,
         database,
-        budget,
+        Budget(remaining, spec.max_trials_per_task, spec.seed),
         measure_config(settings, spec),
         settings.jobs_dir / job.id / "metaschedule",
         on_batch=progress.on_batch,
         should_stop=should_stop,
     )
     if should_stop is not None and should_stop():
-        store.finish_job(job.id, JobStatus.CANCELLED, error="cancelled; measured records were kept")
+        _finish(store, job.id, JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
         return JobResult(store.get_job(job.id), progress.tasks, plan.fusion, None, [], {})
 
     listener.stage("compiling")
@@ -218,6 +332,9 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
 
 
 def _register_tasks(store: Store, job: Job, plan: GraphPlan, database: KilnDatabase) -> list[Task]:
+    existing = store.list_tasks(job.id)
+    if existing:
+        return _resumed_tasks(store, job, existing)
     rows = [
         {
             "name": info.name,
@@ -234,6 +351,18 @@ def _register_tasks(store: Store, job: Job, plan: GraphPlan, database: KilnDatab
         best = store.best_latency_us(task.workload_id, job.target_key)
         warm.append(store.update_task(task.id, trials=0, best_latency_us=best) if best is not None else task)
     return warm
+
+
+def _resumed_tasks(store: Store, job: Job, tasks: list[Task]) -> list[Task]:
+    """A rerun job's tasks, their trials recounted from the records the earlier attempts committed."""
+    measured = store.job_trials(job.id)
+    resumed = []
+    for task in tasks:
+        count, _ = measured.get(task.workload_id, (0, None))
+        best = store.best_latency_us(task.workload_id, job.target_key)
+        resumed.append(store.update_task(task.id, trials=count, best_latency_us=best))
+    log.info("job %s resumes with %d trials already measured", job.id, sum(t.trials for t in resumed))
+    return resumed
 
 
 def _verify(

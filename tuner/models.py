@@ -20,13 +20,14 @@ def register_model(
     path: Path,
     name: str | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
+    owner: str = "",
 ) -> tuple[ModelInfo, bool]:
     """Import ``path`` (raising a typed error if Kiln cannot use it) and store it once per sha256.
 
     Returns the model and whether it was new. Nothing is written when the import fails.
     """
     imported = load_model(path, input_shapes)
-    existing = store.find_model_by_sha256(imported.sha256)
+    existing = store.find_model_by_sha256(imported.sha256, owner)
     if existing is not None:
         return existing, False
     blob_name = imported.sha256 + BLOB_SUFFIX[imported.format]
@@ -38,6 +39,7 @@ def register_model(
         size_bytes=len(imported.canonical_bytes),
         signature=imported.signature,
         blob_path=blob_name,
+        owner=owner,
     )
 
 

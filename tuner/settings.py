@@ -33,6 +33,34 @@ class Settings(BaseSettings):
     verify_rtol: float = Field(default=1e-3, gt=0, description="Relative tolerance of artifact checks")
     verify_atol: float = Field(default=1e-4, gt=0, description="Absolute tolerance of artifact checks")
 
+    # The service and its workers.
+    host: str = Field(default="127.0.0.1", description="Address `kiln serve` binds to")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port `kiln serve` listens on")
+    embedded_workers: int = Field(
+        default=1, ge=0, description="Workers inside the server process (0: only standalone `kiln worker`s)"
+    )
+    max_upload_mb: int = Field(default=512, ge=1, description="Largest model upload accepted, in MiB")
+    api_tokens: str | None = Field(
+        default=None,
+        description="Comma-separated bearer tokens, each `name:token` (or a bare token); enables auth",
+    )
+    insecure: bool = Field(
+        default=False, description="Allow binding to a non-loopback address without any API token"
+    )
+    heartbeat_s: float = Field(default=5.0, gt=0, description="How often a worker heartbeats its job")
+    stale_after_s: float = Field(
+        default=60.0, gt=0, description="A running job whose heartbeat is older than this is requeued"
+    )
+    max_attempts: int = Field(default=3, ge=1, description="Runs of a job before it fails for good")
+    poll_interval_s: float = Field(default=1.0, gt=0, description="How often an idle worker looks for jobs")
+    cancel_grace_s: float = Field(
+        default=5.0, ge=0, description="How long a cancelled job may take to stop before it is killed"
+    )
+    rpc_tracker: str | None = Field(
+        default=None, description="host:port of the TVM RPC tracker shown on /api/v1/devices"
+    )
+    rpc_timeout_s: float = Field(default=10.0, gt=0, description="Connect timeout to the RPC tracker")
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:

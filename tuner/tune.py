@@ -19,6 +19,7 @@ from schedules._tvm import (
 from schedules.spaces import space_for
 from tuner.builder import PooledBuilder
 from tuner.errors import InvalidSpec
+from tuner.rpc import make_rpc_runner
 from tuner.runner import ExclusiveRunner
 
 log = logging.getLogger(__name__)
@@ -83,17 +84,7 @@ def make_runner(config: MeasureConfig) -> Any:
     if kind == "local":
         return ExclusiveRunner(ms.runner.LocalRunner(evaluator_config=_evaluator(config)))
     if kind == "rpc":
-        tracker = str(config.runner.get("tracker", ""))
-        host, _, port = tracker.rpartition(":")
-        if not host or not port.isdigit() or not config.runner.get("key"):
-            raise InvalidSpec("an rpc runner needs 'tracker' as host:port and a device 'key'")
-        rpc = ms.runner.RPCConfig(
-            tracker_host=host,
-            tracker_port=int(port),
-            tracker_key=str(config.runner["key"]),
-            session_timeout_sec=int(config.runner.get("session_timeout_s", 60)),
-        )
-        return ms.runner.RPCRunner(rpc_config=rpc, evaluator_config=_evaluator(config), max_workers=1)
+        return make_rpc_runner(config.runner, _evaluator(config))
     raise InvalidSpec(f"unknown runner kind {kind!r}; use 'local' or 'rpc'")
 
 

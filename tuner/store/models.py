@@ -72,11 +72,14 @@ class ModelRow(Base):
     """An uploaded model; its bytes live at ``blob_path`` (relative to the data directory)."""
 
     __tablename__ = "models"
+    # The same bytes are stored once per owner (and once on disk, named by sha256).
+    __table_args__ = (sa.Index("uq_models_owner_sha256", "owner", "sha256", unique=True),)
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(sa.String(64), default="", server_default="")
     name: Mapped[str] = mapped_column(sa.String(255))
     format: Mapped[str] = mapped_column(sa.String(32))
-    sha256: Mapped[str] = mapped_column(sa.String(64), unique=True, index=True)
+    sha256: Mapped[str] = mapped_column(sa.String(64), index=True)
     size_bytes: Mapped[int] = mapped_column(sa.BigInteger)
     signature_json: Mapped[str] = mapped_column(sa.Text)
     blob_path: Mapped[str] = mapped_column(sa.String(1024))
@@ -89,6 +92,7 @@ class JobRow(Base):
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(sa.String(64), default="", server_default="", index=True)
     model_id: Mapped[str] = mapped_column(sa.ForeignKey("models.id"), index=True)
     spec_json: Mapped[str] = mapped_column(sa.Text)
     target_key: Mapped[str] = mapped_column(sa.String(255), index=True)
@@ -104,6 +108,8 @@ class JobRow(Base):
     attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     trials_done: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     trials_total: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    cancel_requested: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    stage: Mapped[str | None] = mapped_column(sa.String(32))
 
 
 class WorkloadRow(Base):
@@ -167,4 +173,15 @@ class ArtifactRow(Base):
     path: Mapped[str] = mapped_column(sa.String(1024))
     sha256: Mapped[str] = mapped_column(sa.String(64))
     size_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiTokenRow(Base):
+    """A bearer token of the REST API; only its sha256 is stored. ``name`` owns models and jobs."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(sa.String(64), unique=True, index=True)
+    token_sha256: Mapped[str] = mapped_column(sa.String(64), unique=True, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

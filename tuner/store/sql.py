@@ -12,6 +12,7 @@ import math
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from tuner.errors import Conflict, NotFound, SchemaOutdated
 from tuner.store.models import (
     FAILED_RUN_SEC,
     VALID_RUN_SEC_LIMIT,
+    ApiTokenRow,
     ArtifactRow,
     Base,
     JobRow,
@@ -143,6 +145,7 @@ def _model(row: ModelRow) -> ModelInfo:
         size_bytes=row.size_bytes,
         signature=ModelSignature.from_dict(json.loads(row.signature_json)),
         created_at=row.created_at,
+        owner=row.owner,
     )
 
 
@@ -160,6 +163,12 @@ def _job(row: JobRow) -> Job:
         tuned_latency_ms=row.tuned_latency_ms,
         worker=row.worker,
         attempts=row.attempts,
+        owner=row.owner,
+        heartbeat_at=row.heartbeat_at,
+        cancel_requested=bool(row.cancel_requested),
+        stage=row.stage,
+        trials_done=row.trials_done,
+        trials_total=row.trials_total,
     )
 
 
@@ -325,17 +334,21 @@ class Store:
         size_bytes: int,
         signature: ModelSignature,
         blob_path: str,
+        owner: str = "",
     ) -> tuple[ModelInfo, bool]:
-        """Store a model's metadata; the same bytes (sha256) give back the existing model.
+        """Store a model's metadata; the same bytes (sha256) from the same owner give back that model.
 
         Returns the model and whether it was newly created.
         """
         try:
             with self.session_scope() as s:
-                existing = s.scalars(sa.select(ModelRow).where(ModelRow.sha256 == sha256)).first()
+                existing = s.scalars(
+                    sa.select(ModelRow).where(ModelRow.sha256 == sha256, ModelRow.owner == owner)
+                ).first()
                 if existing is not None:
                     return _model(existing), False
                 row = ModelRow(
+                    owner=owner,
                     name=name,
                     format=ModelFormat(format).value,
                     sha256=sha256,
@@ -348,28 +361,32 @@ class Store:
                 created = _model(row)
         except Conflict:
             # A concurrent upload of the same bytes committed first.
-            raced = self.find_model_by_sha256(sha256)
+            raced = self.find_model_by_sha256(sha256, owner)
             if raced is None:
                 raise
             return raced, False
         return created, True
 
-    def get_model(self, model_id: str) -> ModelInfo:
-        """The model with this id; :class:`NotFound` otherwise."""
+    def get_model(self, model_id: str, owner: str | None = None) -> ModelInfo:
+        """The model with this id (owned by ``owner`` when given); :class:`NotFound` otherwise."""
         with self.session_scope(write=False) as s:
-            return _model(self._model_row(s, model_id))
+            return _model(self._model_row(s, model_id, owner))
 
-    def find_model_by_sha256(self, sha256: str) -> ModelInfo | None:
-        """The model with these bytes, if stored."""
+    def find_model_by_sha256(self, sha256: str, owner: str = "") -> ModelInfo | None:
+        """The owner's model with these bytes, if stored."""
         with self.session_scope(write=False) as s:
-            row = s.scalars(sa.select(ModelRow).where(ModelRow.sha256 == sha256)).first()
+            row = s.scalars(
+                sa.select(ModelRow).where(ModelRow.sha256 == sha256, ModelRow.owner == owner)
+            ).first()
             return _model(row) if row is not None else None
 
-    def list_models(self) -> list[ModelInfo]:
-        """Every model, newest first."""
+    def list_models(self, owner: str | None = None) -> list[ModelInfo]:
+        """Every model (of ``owner`` when given), newest first."""
+        query = sa.select(ModelRow).order_by(ModelRow.created_at.desc(), ModelRow.id)
+        if owner is not None:
+            query = query.where(ModelRow.owner == owner)
         with self.session_scope(write=False) as s:
-            rows = s.scalars(sa.select(ModelRow).order_by(ModelRow.created_at.desc(), ModelRow.id))
-            return [_model(r) for r in rows]
+            return [_model(r) for r in s.scalars(query)]
 
     def model_blob_path(self, model_id: str) -> str:
         """Where the model's bytes are stored, relative to the data directory."""
@@ -377,19 +394,21 @@ class Store:
             return self._model_row(s, model_id).blob_path
 
     @staticmethod
-    def _model_row(s: Session, model_id: str) -> ModelRow:
+    def _model_row(s: Session, model_id: str, owner: str | None = None) -> ModelRow:
         row = s.get(ModelRow, model_id)
-        if row is None:
+        # Another owner's model is reported exactly like a missing one.
+        if row is None or (owner is not None and row.owner != owner):
             raise NotFound(f"model '{model_id}' not found")
         return row
 
     # ---- jobs --------------------------------------------------------------------------------------
 
-    def create_job(self, spec: JobSpec, target_key: str) -> Job:
+    def create_job(self, spec: JobSpec, target_key: str, owner: str = "") -> Job:
         """Queue a job for ``spec``; ``target_key`` is the canonical target its records are keyed by."""
         with self.session_scope() as s:
-            self._model_row(s, spec.model_id)
+            self._model_row(s, spec.model_id, owner or None)
             row = JobRow(
+                owner=owner,
                 model_id=spec.model_id,
                 spec_json=json.dumps(spec.to_dict()),
                 target_key=target_key,
@@ -402,18 +421,29 @@ class Store:
             s.flush()
             return _job(row)
 
-    def get_job(self, job_id: str) -> Job:
-        """The job with this id; :class:`NotFound` otherwise."""
+    def get_job(self, job_id: str, owner: str | None = None) -> Job:
+        """The job with this id (owned by ``owner`` when given); :class:`NotFound` otherwise."""
         with self.session_scope(write=False) as s:
-            return _job(self._job_row(s, job_id))
+            return _job(self._job_row(s, job_id, owner=owner))
 
-    def list_jobs(self, status: JobStatus | None = None, limit: int = 100, offset: int = 0) -> list[Job]:
-        """Jobs, newest first, optionally only those with ``status``."""
-        query = sa.select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id.desc())
-        if status is not None:
-            query = query.where(JobRow.status == JobStatus(status).value)
+    def list_jobs(
+        self,
+        status: JobStatus | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        owner: str | None = None,
+    ) -> list[Job]:
+        """Jobs, newest first, optionally only those with ``status`` and of ``owner``."""
+        query = _job_filter(sa.select(JobRow), status, owner)
+        query = query.order_by(JobRow.created_at.desc(), JobRow.id.desc())
         with self.session_scope(write=False) as s:
             return [_job(r) for r in s.scalars(query.limit(limit).offset(offset))]
+
+    def count_jobs(self, status: JobStatus | None = None, owner: str | None = None) -> int:
+        """How many jobs :meth:`list_jobs` would page through."""
+        query = _job_filter(sa.select(sa.func.count(JobRow.id)), status, owner)
+        with self.session_scope(write=False) as s:
+            return int(s.scalar(query) or 0)
 
     def mark_job_running(self, job_id: str, worker: str) -> Job:
         """Move a queued job to running on ``worker``; counts the attempt.
@@ -504,10 +534,194 @@ class Store:
                 "tasks_total": int(tasks_total),
             }
 
+    def set_job_stage(self, job_id: str, stage: str) -> None:
+        """Record what a running job is doing (importing, tuning, compiling, ...)."""
+        with self.session_scope() as s:
+            s.execute(
+                sa.update(JobRow)
+                .where(JobRow.id == job_id)
+                .values(stage=stage[:32])
+                .execution_options(synchronize_session=False)
+            )
+
+    # ---- the job queue -----------------------------------------------------------------------------
+
+    def claim_job(self, worker: str) -> Job | None:
+        """Atomically move the oldest queued job to running on ``worker`` (counting the attempt).
+
+        PostgreSQL: ``UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``, so workers
+        racing for jobs never take the same one and never wait on each other's row. SQLite: the
+        write transaction (BEGIN IMMEDIATE) already serializes every claimer. None when the queue is empty.
+        """
+        oldest = (
+            sa.select(JobRow.id)
+            .where(JobRow.status == JobStatus.QUEUED.value)
+            .order_by(JobRow.created_at, JobRow.id)
+            .limit(1)
+        )
+        if self.backend == "postgresql":
+            oldest = oldest.with_for_update(skip_locked=True)
+        now = utcnow()
+        with self.session_scope() as s:
+            job_id = s.execute(
+                sa.update(JobRow)
+                .where(JobRow.id == oldest.scalar_subquery(), JobRow.status == JobStatus.QUEUED.value)
+                .values(
+                    status=JobStatus.RUNNING.value,
+                    worker=worker,
+                    started_at=now,
+                    heartbeat_at=now,
+                    stage="starting",
+                    attempts=JobRow.attempts + 1,
+                )
+                .returning(JobRow.id)
+                .execution_options(synchronize_session=False)
+            ).scalar_one_or_none()
+            if job_id is None:
+                return None
+            return _job(self._job_row(s, job_id, fresh=True))
+
+    def heartbeat(self, job_id: str, worker: str) -> Job | None:
+        """Mark ``worker`` alive on its running job; None when the job is no longer running on it."""
+        with self.session_scope() as s:
+            result = s.execute(
+                sa.update(JobRow)
+                .where(
+                    JobRow.id == job_id,
+                    JobRow.status == JobStatus.RUNNING.value,
+                    JobRow.worker == worker,
+                )
+                .values(heartbeat_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            if _rowcount(result) == 0:
+                return None
+            return _job(self._job_row(s, job_id, fresh=True))
+
+    def request_cancel(self, job_id: str, owner: str | None = None) -> Job:
+        """Cancel a job: a queued one at once, a running one by asking its worker to stop.
+
+        Raises :class:`Conflict` for a job that already finished.
+        """
+        with self.session_scope() as s:
+            self._job_row(s, job_id, owner=owner)
+            base = sa.update(JobRow).execution_options(synchronize_session=False)
+            queued = s.execute(
+                base.where(JobRow.id == job_id, JobRow.status == JobStatus.QUEUED.value).values(
+                    status=JobStatus.CANCELLED.value,
+                    finished_at=utcnow(),
+                    error="cancelled before it started",
+                    stage=None,
+                )
+            )
+            if _rowcount(queued) == 0:
+                s.execute(
+                    base.where(JobRow.id == job_id, JobRow.status == JobStatus.RUNNING.value).values(
+                        cancel_requested=True
+                    )
+                )
+            row = self._job_row(s, job_id, fresh=True)
+            if row.status != JobStatus.RUNNING.value and _rowcount(queued) == 0:
+                raise Conflict(f"job '{job_id}' already finished ({row.status})")
+            return _job(row)
+
+    def release_job(self, job_id: str, worker: str) -> bool:
+        """Hand a running job back to the queue (a worker shutting down); the attempt is not counted."""
+        with self.session_scope() as s:
+            result = s.execute(
+                sa.update(JobRow)
+                .where(
+                    JobRow.id == job_id,
+                    JobRow.status == JobStatus.RUNNING.value,
+                    JobRow.worker == worker,
+                    JobRow.cancel_requested.is_(False),
+                )
+                .values(
+                    status=JobStatus.QUEUED.value,
+                    worker=None,
+                    heartbeat_at=None,
+                    stage="requeued",
+                    attempts=sa.case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0),
+                )
+                .execution_options(synchronize_session=False)
+            )
+            return _rowcount(result) > 0
+
+    def requeue_stale(self, stale_after_s: float, max_attempts: int) -> list[Job]:
+        """Requeue running jobs whose worker stopped heartbeating; fail those out of attempts.
+
+        A requeued job resumes from the records measured before (they are in the database already).
+        Returns the jobs changed.
+        """
+        cutoff = utcnow() - timedelta(seconds=stale_after_s)
+        query = sa.select(JobRow).where(
+            JobRow.status == JobStatus.RUNNING.value,
+            sa.or_(JobRow.heartbeat_at.is_(None), JobRow.heartbeat_at < cutoff),
+        )
+        if self.backend == "postgresql":
+            query = query.with_for_update(skip_locked=True)
+        changed = []
+        with self.session_scope() as s:
+            for row in s.scalars(query):
+                last = row.heartbeat_at.isoformat(timespec="seconds") if row.heartbeat_at else "never"
+                lost = f"worker {row.worker} stopped heartbeating (last heartbeat {last})"
+                if row.cancel_requested:
+                    row.status, row.error = JobStatus.CANCELLED.value, f"cancelled; {lost}"
+                    row.finished_at, row.stage = utcnow(), None
+                elif row.attempts >= max_attempts:
+                    row.status = JobStatus.FAILED.value
+                    row.error = f"{lost}; gave up after {row.attempts} attempts"
+                    row.finished_at, row.stage = utcnow(), None
+                else:
+                    log.warning("requeueing job %s: %s", row.id, lost)
+                    row.status, row.worker, row.heartbeat_at, row.stage = (
+                        JobStatus.QUEUED.value,
+                        None,
+                        None,
+                        "requeued",
+                    )
+                s.flush()
+                changed.append(_job(row))
+        return changed
+
+    def service_stats(self) -> dict[str, Any]:
+        """Counts for monitoring: jobs by status, records, and how long jobs waited in the queue."""
+        with self.session_scope(write=False) as s:
+            by_status = dict(
+                s.execute(sa.select(JobRow.status, sa.func.count()).group_by(JobRow.status)).all()
+            )
+            records_total, records_valid, trials = s.execute(
+                sa.select(
+                    sa.func.count(TuningRecordRow.id),
+                    sa.func.count(TuningRecordRow.id).filter(
+                        TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT
+                    ),
+                    sa.func.count(TuningRecordRow.job_id),
+                )
+            ).one()
+            started = s.execute(
+                sa.select(JobRow.created_at, JobRow.started_at).where(JobRow.started_at.is_not(None))
+            ).all()
+            oldest_queued = s.scalar(
+                sa.select(sa.func.min(JobRow.created_at)).where(JobRow.status == JobStatus.QUEUED.value)
+            )
+        waits = [max(0.0, (b - a).total_seconds()) for a, b in started]
+        if oldest_queued is not None and oldest_queued.tzinfo is None:
+            oldest_queued = oldest_queued.replace(tzinfo=timezone.utc)
+        return {
+            "jobs": {status.value: int(by_status.get(status.value, 0)) for status in JobStatus},
+            "records_total": int(records_total),
+            "records_valid": int(records_valid),
+            "trials_measured": int(trials),
+            "queue_wait_sum_s": sum(waits),
+            "queue_wait_count": len(waits),
+            "oldest_queued_wait_s": (utcnow() - oldest_queued).total_seconds() if oldest_queued else 0.0,
+        }
+
     @staticmethod
-    def _job_row(s: Session, job_id: str, *, fresh: bool = False) -> JobRow:
+    def _job_row(s: Session, job_id: str, *, fresh: bool = False, owner: str | None = None) -> JobRow:
         row = s.get(JobRow, job_id, populate_existing=fresh)
-        if row is None:
+        if row is None or (owner is not None and row.owner != owner):
             raise NotFound(f"job '{job_id}' not found")
         return row
 
@@ -712,6 +926,47 @@ class Store:
         with self.session_scope(write=False) as s:
             return int(s.scalar(query) or 0)
 
+    def record_timeline(self, job_id: str, workload_id: int) -> list[tuple[int, float | None, datetime]]:
+        """``(record id, mean latency in us or None if it failed, committed at)`` of a job's task."""
+        query = (
+            sa.select(TuningRecordRow.id, TuningRecordRow.mean_run_sec, TuningRecordRow.created_at)
+            .where(TuningRecordRow.job_id == job_id, TuningRecordRow.workload_id == workload_id)
+            .order_by(TuningRecordRow.id)
+        )
+        with self.session_scope(write=False) as s:
+            return [(rid, sec * 1e6 if _is_valid(sec) else None, at) for rid, sec, at in s.execute(query)]
+
+    def job_trials(self, job_id: str) -> dict[int, tuple[int, float | None]]:
+        """Per workload: how many records this job measured, and the best valid latency (us) among them."""
+        valid = sa.case((TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT, TuningRecordRow.mean_run_sec))
+        query = (
+            sa.select(TuningRecordRow.workload_id, sa.func.count(TuningRecordRow.id), sa.func.min(valid))
+            .where(TuningRecordRow.job_id == job_id)
+            .group_by(TuningRecordRow.workload_id)
+        )
+        with self.session_scope(write=False) as s:
+            return {
+                wid: (int(n), float(best) * 1e6 if best is not None else None)
+                for wid, n, best in s.execute(query)
+            }
+
+    def best_record(self, workload_id: int, target_key: str) -> tuple[str, str, float] | None:
+        """``(workload_json, record_json, mean_run_sec)`` of a workload's fastest valid record."""
+        query = (
+            sa.select(WorkloadRow.workload_json, TuningRecordRow.record_json, TuningRecordRow.mean_run_sec)
+            .join(WorkloadRow, WorkloadRow.id == TuningRecordRow.workload_id)
+            .where(
+                TuningRecordRow.workload_id == workload_id,
+                TuningRecordRow.target_key == target_key,
+                TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
+            )
+            .order_by(TuningRecordRow.mean_run_sec, TuningRecordRow.id)
+            .limit(1)
+        )
+        with self.session_scope(write=False) as s:
+            row = s.execute(query).first()
+            return (row[0], row[1], float(row[2])) if row is not None else None
+
     def best_latency_us(self, workload_id: int, target_key: str) -> float | None:
         """The fastest valid mean run time of a workload on a target, in microseconds."""
         with self.session_scope(write=False) as s:
@@ -742,6 +997,43 @@ class Store:
             if row is None:
                 raise NotFound(f"artifact of job '{job_id}' not found")
             return _artifact(row)
+
+    # ---- API tokens --------------------------------------------------------------------------------
+
+    def add_token(self, name: str, token_sha256: str) -> None:
+        """Store a token's hash under ``name`` (who owns what it creates); :class:`Conflict` if taken."""
+        with self.session_scope(conflict=f"a token named '{name}' already exists") as s:
+            s.add(ApiTokenRow(name=name, token_sha256=token_sha256))
+
+    def token_owner(self, token_sha256: str) -> str | None:
+        """The name a token belongs to, or None for an unknown token."""
+        with self.session_scope(write=False) as s:
+            return s.scalar(sa.select(ApiTokenRow.name).where(ApiTokenRow.token_sha256 == token_sha256))
+
+    def list_tokens(self) -> list[tuple[str, datetime]]:
+        """``(name, created_at)`` of every stored token."""
+        with self.session_scope(write=False) as s:
+            return [(n, at) for n, at in s.execute(sa.select(ApiTokenRow.name, ApiTokenRow.created_at))]
+
+    def has_tokens(self) -> bool:
+        """Whether any token is stored (the API then requires one)."""
+        with self.session_scope(write=False) as s:
+            return s.scalar(sa.select(sa.func.count(ApiTokenRow.id))) > 0
+
+    def delete_token(self, name: str) -> None:
+        """Revoke the token called ``name``."""
+        with self.session_scope() as s:
+            result = s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.name == name))
+            if _rowcount(result) == 0:
+                raise NotFound(f"no token named '{name}'")
+
+
+def _job_filter(query: Any, status: JobStatus | None, owner: str | None) -> Any:
+    if status is not None:
+        query = query.where(JobRow.status == JobStatus(status).value)
+    if owner is not None:
+        query = query.where(JobRow.owner == owner)
+    return query
 
 
 def _rowcount(result: sa.Result[Any]) -> int:

@@ -1,0 +1,1 @@
+"""REST API v1: one router per resource."""

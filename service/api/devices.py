@@ -1,0 +1,32 @@
+"""``/api/v1/devices``: the RPC tracker's device queues (keys, free and pending servers)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.deps import OwnerDep, StateDep
+from service.schemas import DeviceOut, DevicesOut, ErrorOut
+from tuner.rpc import tracker_summary
+
+router = APIRouter(prefix="/api/v1/devices", tags=["devices"])
+
+
+@router.get(
+    "",
+    response_model=DevicesOut,
+    responses={401: {"model": ErrorOut}, 503: {"model": ErrorOut}},
+    summary="Devices registered with the TVM RPC tracker (KILN_RPC_TRACKER)",
+)
+def list_devices(state: StateDep, owner: OwnerDep) -> DevicesOut:
+    tracker = state.settings.rpc_tracker
+    if not tracker:
+        return DevicesOut(
+            tracker=None,
+            devices=[],
+            message="no RPC tracker configured (set KILN_RPC_TRACKER=host:port); jobs measure locally",
+        )
+    queues = tracker_summary(tracker, state.settings.rpc_timeout_s)
+    return DevicesOut(
+        tracker=tracker,
+        devices=[DeviceOut(key=q.key, free=q.free, pending=q.pending, total=q.total) for q in queues],
+    )

@@ -1,0 +1,221 @@
+"""``/api/v1/jobs``: submit, list, watch (SSE), cancel, inspect tasks, download artifacts and records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
+from sse_starlette.sse import EventSourceResponse
+
+from service.deps import OwnerDep, StateDep
+from service.schemas import BestOut, CurveOut, CurvePoint, ErrorOut, JobIn, JobOut, JobPage, TaskOut
+from tuner.artifact import records_tarball
+from tuner.entities import Job, JobSpec, JobStatus, Task
+from tuner.errors import Conflict, NotFound
+from tuner.inspection import best_schedule, task_tir
+from tuner.job import submit_job
+from tuner.store.sql import Store
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+
+ERRORS = {401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+# How often a live event stream looks at the database (workers may run anywhere, so it polls).
+EVENT_POLL_S = 0.5
+
+
+def job_out(store: Store, job: Job) -> JobOut:
+    return JobOut.of(job, store.job_progress(job.id))
+
+
+def _task(store: Store, job: Job, task_id: int) -> Task:
+    for task in store.list_tasks(job.id):
+        if task.id == task_id:
+            return task
+    raise NotFound(f"job '{job.id}' has no task {task_id}")
+
+
+@router.post("", status_code=202, response_model=JobOut, responses=ERRORS, summary="Queue a tuning job")
+def create_job(body: JobIn, state: StateDep, owner: OwnerDep) -> JobOut:
+    spec = JobSpec(
+        model_id=body.model_id,
+        target=body.target,  # type: ignore[arg-type]  # resolved and validated by submit_job
+        trials=body.trials,
+        max_trials_per_task=body.max_trials_per_task,
+        seed=body.seed,
+        input_shapes={k: tuple(v) for k, v in (body.input_shapes or {}).items()},
+        runner=body.runner.model_dump(),
+        cost_model=body.cost_model,
+    )
+    return job_out(state.store, submit_job(state.store, spec, owner))
+
+
+@router.get("", response_model=JobPage, responses=ERRORS, summary="List jobs, newest first")
+def list_jobs(
+    state: StateDep,
+    owner: OwnerDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> JobPage:
+    jobs = state.store.list_jobs(status, limit=limit, offset=offset, owner=owner)
+    return JobPage(
+        items=[job_out(state.store, j) for j in jobs],
+        total=state.store.count_jobs(status, owner),
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="One job with its progress")
+def get_job(job_id: str, state: StateDep, owner: OwnerDep) -> JobOut:
+    return job_out(state.store, state.store.get_job(job_id, owner))
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=JobOut,
+    responses={**ERRORS, 409: {"model": ErrorOut}},
+    summary="Cancel a job; a running one stops within seconds and keeps its measured records",
+)
+def cancel_job(job_id: str, state: StateDep, owner: OwnerDep) -> JobOut:
+    return job_out(state.store, state.store.request_cancel(job_id, owner))
+
+
+@router.get("/{job_id}/tasks", response_model=list[TaskOut], responses=ERRORS, summary="A job's tasks")
+def job_tasks(job_id: str, state: StateDep, owner: OwnerDep) -> list[TaskOut]:
+    job = state.store.get_job(job_id, owner)
+    return TaskOut.list_of(state.store.list_tasks(job.id))
+
+
+@router.get(
+    "/{job_id}/tasks/{task_id}/curve",
+    response_model=CurveOut,
+    responses=ERRORS,
+    summary="Every trial the job measured for a task, with the best so far",
+)
+def task_curve(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> CurveOut:
+    job = state.store.get_job(job_id, owner)
+    task = _task(state.store, job, task_id)
+    points, best = [], None
+    for index, (record_id, latency_us, at) in enumerate(
+        state.store.record_timeline(job.id, task.workload_id), start=1
+    ):
+        if latency_us is not None and (best is None or latency_us < best):
+            best = latency_us
+        points.append(
+            CurvePoint(
+                index=index,
+                record_id=record_id,
+                latency_us=latency_us,
+                best_us=best,
+                at=at,
+                elapsed_s=max(0.0, (at - job.created_at).total_seconds()),
+            )
+        )
+    return CurveOut(task_id=task.id, name=task.name, points=points)
+
+
+@router.get(
+    "/{job_id}/tasks/{task_id}/best",
+    response_model=BestOut,
+    responses=ERRORS,
+    summary="The fastest schedule found for a task: trace, tuned TIR and TIR before scheduling",
+)
+def task_best(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> BestOut:
+    job = state.store.get_job(job_id, owner)
+    task = _task(state.store, job, task_id)
+    best = best_schedule(state.store, job, task)
+    return BestOut(
+        task_id=task.id,
+        name=task.name,
+        latency_us=best.latency_us,
+        gflops=best.gflops,
+        trace=best.trace,
+        tir=best.tir,
+        tir_before=task_tir(state.store, task),
+        trace_json=best.trace_json,
+    )
+
+
+def _snapshot(store: Store, job_id: str) -> tuple[str, bool]:
+    job = store.get_job(job_id)
+    data: dict[str, Any] = {
+        "job": job_out(store, job).model_dump(mode="json"),
+        "tasks": [t.model_dump(mode="json") for t in TaskOut.list_of(store.list_tasks(job_id))],
+    }
+    return json.dumps(data), job.status.finished
+
+
+@router.get(
+    "/{job_id}/events",
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    summary="Server-Sent Events: 'progress' events while the job runs, one 'end' event when it ends",
+)
+async def job_events(job_id: str, state: StateDep, owner: OwnerDep) -> EventSourceResponse:
+    await run_in_threadpool(state.store.get_job, job_id, owner)
+
+    async def stream() -> AsyncIterator[dict[str, str]]:
+        last = None
+        while True:
+            data, finished = await run_in_threadpool(_snapshot, state.store, job_id)
+            if finished:
+                yield {"event": "end", "data": data}
+                return
+            if data != last:
+                yield {"event": "progress", "data": data}
+                last = data
+            await asyncio.sleep(EVENT_POLL_S)
+
+    return EventSourceResponse(stream(), ping=15)
+
+
+def _require_succeeded(job: Job) -> None:
+    if job.status is not JobStatus.SUCCEEDED:
+        state = f"{job.status.value}" + (f" ({job.stage})" if job.stage and not job.status.finished else "")
+        raise Conflict(f"job '{job.id}' is {state}; its artifact exists once the job has succeeded")
+
+
+@router.get(
+    "/{job_id}/artifact",
+    response_class=FileResponse,
+    responses={**ERRORS, 409: {"model": ErrorOut}, 200: {"content": {"application/gzip": {}}}},
+    summary="The compiled, verified model package (.tar.gz)",
+)
+def job_artifact(job_id: str, state: StateDep, owner: OwnerDep) -> FileResponse:
+    job = state.store.get_job(job_id, owner)
+    _require_succeeded(job)
+    artifact = state.store.get_artifact(job.id)
+    path = Path(artifact.path)
+    if not path.is_file():
+        raise NotFound(f"the artifact file of job '{job.id}' is missing from the data directory")
+    model = state.store.get_model(job.spec.model_id)
+    return FileResponse(
+        path,
+        media_type="application/gzip",
+        filename=f"{model.name}-{job.id[:8]}.tar.gz",
+        headers={"X-Kiln-Sha256": artifact.sha256},
+    )
+
+
+@router.get(
+    "/{job_id}/records",
+    response_class=Response,
+    responses={**ERRORS, 200: {"content": {"application/gzip": {}}}},
+    summary="The job's tasks' tuning records as a MetaSchedule JSON database (.tar.gz)",
+)
+def job_records(job_id: str, state: StateDep, owner: OwnerDep) -> Response:
+    job = state.store.get_job(job_id, owner)
+    workload_ids = [t.workload_id for t in state.store.list_tasks(job.id)]
+    rows = state.store.all_records(job.target_key, workload_ids=workload_ids, valid_only=True)
+    return Response(
+        records_tarball(rows),
+        media_type="application/gzip",
+        headers={"Content-Disposition": f'attachment; filename="records-{job.id[:8]}.tar.gz"'},
+    )

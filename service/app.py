@@ -1,0 +1,69 @@
+"""The FastAPI application: ``create_app(settings)`` builds everything; nothing is built at import time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+
+import tuner
+from service.api import devices, jobs, models, system
+from service.auth import Authenticator
+from service.deps import ServiceState
+from service.errors import install_error_handlers
+from service.limits import BodySizeLimit
+from tuner.settings import Settings
+from tuner.store.sql import Store
+from tuner.worker import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: Settings, *, embedded_workers: int | None = None, store: Store | None = None
+) -> FastAPI:
+    """The Kiln service on ``settings``; ``embedded_workers`` overrides ``settings.embedded_workers``.
+
+    Raises :class:`~tuner.errors.SchemaOutdated` (naming the command to run) on an old database schema.
+    """
+    store = store or Store.from_settings(settings)
+    store.ensure_schema(auto_create=True)
+    workers = settings.embedded_workers if embedded_workers is None else embedded_workers
+    settings = settings.model_copy(update={"embedded_workers": workers})
+    state = ServiceState(settings=settings, store=store, auth=Authenticator(settings, store))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        pool = WorkerPool(settings, workers, store) if workers else None
+        if pool is not None:
+            pool.start()
+            log.info("%d embedded worker(s) serving jobs", workers)
+        try:
+            yield
+        finally:
+            if pool is not None:
+                pool.stop()  # running jobs go back to the queue
+
+    app = FastAPI(
+        title="Kiln",
+        version=tuner.__version__,
+        description=(
+            "Auto-tuning service for deep-learning models on Apache TVM: upload an ONNX model or a "
+            "torch.export program, tune it with MetaSchedule, download the compiled artifact."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.kiln = state
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_mb << 20)
+    for router in (models.router, jobs.router, devices.router, system.router):
+        app.include_router(router)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/docs")
+
+    return app

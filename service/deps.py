@@ -1,0 +1,43 @@
+"""What routes depend on: the service's state (settings, store) and the owner a request acts as."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.auth import Authenticator
+from tuner.settings import Settings
+from tuner.store.sql import Store
+
+_bearer = HTTPBearer(auto_error=False, description="An API token (when the server requires tokens)")
+
+
+@dataclass
+class ServiceState:
+    """Everything a request may need, built once by ``create_app``."""
+
+    settings: Settings
+    store: Store
+    auth: Authenticator
+
+
+def get_state(request: Request) -> ServiceState:
+    return request.app.state.kiln
+
+
+StateDep = Annotated[ServiceState, Depends(get_state)]
+
+
+def get_owner(
+    state: StateDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    """The owner name of the request ("" when the server needs no token)."""
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+    return state.auth.owner(header)
+
+
+OwnerDep = Annotated[str, Depends(get_owner)]

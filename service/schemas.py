@@ -1,0 +1,276 @@
+"""The API's request and response bodies (pydantic). Routes convert entities into these, never ORM rows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.entities import FusionSummary, Job, JobStatus, ModelInfo, Task, TaskInfo, TensorSpec
+
+
+class ErrorDetail(BaseModel):
+    kind: str = Field(description="Machine-readable error class, e.g. 'invalid_model'")
+    message: str = Field(description="What went wrong, and usually what to do about it")
+
+
+class ErrorOut(BaseModel):
+    error: ErrorDetail
+
+
+class TensorOut(BaseModel):
+    name: str
+    shape: list[int | str] = Field(description="Sizes; a string names a dynamic dimension")
+    dtype: str
+
+    @classmethod
+    def of(cls, spec: TensorSpec) -> TensorOut:
+        return cls(name=spec.name, shape=list(spec.shape), dtype=spec.dtype)
+
+
+class ModelOut(BaseModel):
+    id: str
+    name: str
+    format: str
+    sha256: str
+    size_bytes: int
+    inputs: list[TensorOut]
+    outputs: list[TensorOut]
+    created_at: datetime
+
+    @classmethod
+    def of(cls, model: ModelInfo) -> ModelOut:
+        return cls(
+            id=model.id,
+            name=model.name,
+            format=model.format.value,
+            sha256=model.sha256,
+            size_bytes=model.size_bytes,
+            inputs=[TensorOut.of(t) for t in model.signature.inputs],
+            outputs=[TensorOut.of(t) for t in model.signature.outputs],
+            created_at=model.created_at,
+        )
+
+
+class FusionOut(BaseModel):
+    operators_before: int = Field(description="Relax operators before fusion")
+    kernels_after: int = Field(description="Fused kernels (PrimFunc calls) after fusion")
+    distinct_tasks: int = Field(description="Distinct kernels, i.e. tuning tasks")
+    operator_histogram: dict[str, int]
+
+    @classmethod
+    def of(cls, fusion: FusionSummary) -> FusionOut:
+        return cls(
+            operators_before=fusion.operators_before,
+            kernels_after=fusion.kernels_after,
+            distinct_tasks=fusion.distinct_tasks,
+            operator_histogram=dict(fusion.operator_histogram),
+        )
+
+
+class TaskPreviewOut(BaseModel):
+    name: str
+    weight: int = Field(description="How many times the model calls this kernel")
+    flops: float
+    workload_hash: str
+
+
+class ModelTasksOut(BaseModel):
+    model_id: str
+    target_key: str
+    tasks: list[TaskPreviewOut]
+    fusion: FusionOut
+
+    @classmethod
+    def of(
+        cls, model_id: str, target_key: str, tasks: list[TaskInfo], fusion: FusionSummary
+    ) -> ModelTasksOut:
+        return cls(
+            model_id=model_id,
+            target_key=target_key,
+            tasks=[
+                TaskPreviewOut(name=t.name, weight=t.weight, flops=t.flops, workload_hash=t.workload_hash)
+                for t in tasks
+            ],
+            fusion=FusionOut.of(fusion),
+        )
+
+
+class LocalRunner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["local"] = "local"
+
+
+class RPCRunner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["rpc"]
+    tracker: str = Field(description="host:port of the TVM RPC tracker", examples=["127.0.0.1:9190"])
+    key: str = Field(min_length=1, max_length=128, description="Device key the RPC servers registered")
+
+
+Runner = Annotated[LocalRunner | RPCRunner, Field(discriminator="kind")]
+
+
+class JobIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model_id: str = Field(max_length=64)
+    target: str | dict[str, Any] = Field(
+        default="host", description="'host' (the workers' CPU) or a TVM target as a JSON object"
+    )
+    trials: int = Field(default=64, ge=0, le=100_000, description="Measured trials over all tasks")
+    max_trials_per_task: int | None = Field(default=None, ge=1, le=100_000)
+    runner: Runner = Field(default_factory=LocalRunner)
+    cost_model: Literal["xgb", "random"] = "xgb"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    input_shapes: dict[str, list[Annotated[int, Field(ge=1, le=1 << 20)]]] | None = Field(
+        default=None, description="Shapes for inputs with dynamic dimensions, e.g. {'x': [1, 3, 224, 224]}"
+    )
+
+
+class ProgressOut(BaseModel):
+    trials_done: int
+    trials_total: int
+    tasks_done: int
+    tasks_total: int
+
+
+class JobOut(BaseModel):
+    id: str
+    model_id: str
+    status: JobStatus
+    stage: str | None = Field(description="What a running job is doing: importing, tuning, compiling...")
+    target: dict[str, Any]
+    target_key: str = Field(description="The canonical target its records are keyed by")
+    trials: int
+    max_trials_per_task: int | None
+    runner: dict[str, Any]
+    cost_model: str
+    seed: int
+    progress: ProgressOut
+    baseline_latency_ms: float | None = Field(description="Untuned TVM build, end to end")
+    tuned_latency_ms: float | None
+    speedup: float | None
+    error: str | None
+    cancel_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    worker: str | None
+    attempts: int
+
+    @classmethod
+    def of(cls, job: Job, progress: dict[str, int]) -> JobOut:
+        spec = job.spec
+        return cls(
+            id=job.id,
+            model_id=spec.model_id,
+            status=job.status,
+            stage=job.stage,
+            target=spec.target,
+            target_key=job.target_key,
+            trials=spec.trials,
+            max_trials_per_task=spec.max_trials_per_task,
+            runner=spec.runner,
+            cost_model=spec.cost_model,
+            seed=spec.seed,
+            progress=ProgressOut(**progress),
+            baseline_latency_ms=job.baseline_latency_ms,
+            tuned_latency_ms=job.tuned_latency_ms,
+            speedup=job.speedup,
+            error=job.error,
+            cancel_requested=job.cancel_requested,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            heartbeat_at=job.heartbeat_at,
+            worker=job.worker,
+            attempts=job.attempts,
+        )
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class TaskOut(BaseModel):
+    id: int
+    name: str
+    weight: int
+    flops: float
+    workload_hash: str
+    trials: int
+    best_latency_us: float | None
+    gflops: float | None
+    share: float | None = Field(description="Fraction of the model's estimated time spent in this task")
+
+    @classmethod
+    def list_of(cls, tasks: list[Task]) -> list[TaskOut]:
+        times = [t.weight * t.best_latency_us if t.best_latency_us else None for t in tasks]
+        total = sum(x for x in times if x) if all(times) and times else None
+        return [
+            cls(
+                id=t.id,
+                name=t.name,
+                weight=t.weight,
+                flops=t.flops,
+                workload_hash=t.workload_hash,
+                trials=t.trials,
+                best_latency_us=t.best_latency_us,
+                gflops=t.gflops,
+                share=(x / total) if total and x else None,
+            )
+            for t, x in zip(tasks, times, strict=True)
+        ]
+
+
+class CurvePoint(BaseModel):
+    index: int = Field(description="1-based trial number within the task")
+    record_id: int
+    latency_us: float | None = Field(description="Measured mean latency; null when the candidate failed")
+    best_us: float | None = Field(description="Best latency so far in this task")
+    at: datetime
+    elapsed_s: float = Field(description="Seconds since the job was submitted")
+
+
+class CurveOut(BaseModel):
+    task_id: int
+    name: str
+    points: list[CurvePoint]
+
+
+class BestOut(BaseModel):
+    task_id: int
+    name: str
+    latency_us: float
+    gflops: float | None
+    trace: str = Field(description="The schedule, as the Python calls that apply it")
+    tir: str = Field(description="The tuned PrimFunc as TVMScript")
+    tir_before: str = Field(description="The PrimFunc before scheduling, as TVMScript")
+    trace_json: Any
+
+
+class DeviceOut(BaseModel):
+    key: str
+    free: int
+    pending: int
+    total: int
+
+
+class DevicesOut(BaseModel):
+    tracker: str | None
+    devices: list[DeviceOut]
+    message: str | None = None
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+    database: str
+    schema_revision: str | None
+    embedded_workers: int
+    auth: bool

@@ -1,0 +1,268 @@
+"""Remote measurement through TVM's RPC tracker: a real tracker and server on loopback, a real tuning job."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.models import build_mlp
+from tuner.entities import JobSpec, JobStatus
+from tuner.errors import DeviceUnavailable, InvalidSpec
+from tuner.job import run_job, submit_job
+from tuner.models import register_model
+from tuner.rpc import (
+    DeviceQueue,
+    RPCProcess,
+    check_runner,
+    make_rpc_runner,
+    start_server,
+    start_tracker,
+    tracker_summary,
+)
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.targets import host_target
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "kiln-test"
+
+
+@pytest.fixture(scope="module")
+def tracker() -> Iterator[RPCProcess]:
+    """A tracker on a free loopback port, for the whole module."""
+    with start_tracker("127.0.0.1", 0) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def server(tracker: RPCProcess) -> Iterator[RPCProcess]:
+    """One RPC server registered at ``tracker`` under ``KEY``."""
+    with start_server(tracker.address, KEY, "127.0.0.1", 0) as process:
+        yield process
+
+
+def _queue(address: str, key: str, free: int, wait_s: float = 10.0) -> DeviceQueue | None:
+    """The queue of ``key`` once it shows ``free`` idle servers (a finished session takes a moment)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        queue = next((q for q in tracker_summary(address, 5.0) if q.key == key), None)
+        if (queue is not None and queue.free == free) or time.monotonic() > deadline:
+            return queue
+        time.sleep(0.2)
+
+
+def _gone(address: str, key: str, wait_s: float = 10.0) -> bool:
+    """Whether the tracker dropped every server of ``key`` (it notices a closed connection at once)."""
+    deadline = time.monotonic() + wait_s
+    while any(q.key == key for q in tracker_summary(address, 5.0)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_tracker_summary_lists_the_server(tracker: RPCProcess, server: RPCProcess) -> None:
+    assert _queue(tracker.address, KEY, free=1) == DeviceQueue(key=KEY, free=1, pending=0, total=1)
+
+
+def test_check_runner_accepts_a_registered_key_and_the_local_runner(
+    tracker: RPCProcess, server: RPCProcess
+) -> None:
+    check_runner({"kind": "rpc", "tracker": tracker.address, "key": KEY}, timeout_s=5.0)
+    check_runner({"kind": "local"}, timeout_s=5.0)
+
+
+def test_check_runner_raises_for_an_unreachable_tracker() -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    with pytest.raises(DeviceUnavailable, match="cannot reach the RPC tracker") as info:
+        check_runner({"kind": "rpc", "tracker": address, "key": KEY}, timeout_s=5.0)
+    assert info.value.kind == "device_unavailable"
+
+
+def test_check_runner_raises_for_a_port_that_never_answers() -> None:
+    # Accepts connections (the kernel's backlog) but never speaks the tracker protocol.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(DeviceUnavailable, match="did not answer as a TVM RPC tracker"):
+            check_runner({"kind": "rpc", "tracker": address, "key": KEY}, timeout_s=1.0)
+
+
+def test_check_runner_raises_for_an_rpc_server_port(server: RPCProcess) -> None:
+    with pytest.raises(DeviceUnavailable, match="not a TVM RPC tracker"):
+        check_runner({"kind": "rpc", "tracker": server.address, "key": KEY}, timeout_s=5.0)
+
+
+def test_check_runner_raises_for_an_unknown_key(tracker: RPCProcess, server: RPCProcess) -> None:
+    runner = {"kind": "rpc", "tracker": tracker.address, "key": "no-such-device"}
+    with pytest.raises(DeviceUnavailable, match="no RPC server with key 'no-such-device'") as info:
+        check_runner(runner, timeout_s=5.0)
+    assert f"kiln rpc server --tracker {tracker.address} --key no-such-device" in info.value.message
+    assert f"'{KEY}'" in info.value.message  # lists what is registered
+
+
+@pytest.mark.parametrize(
+    "runner",
+    [
+        {"kind": "rpc", "tracker": "localhost", "key": KEY},
+        {"kind": "rpc", "tracker": "localhost:99999", "key": KEY},
+        {"kind": "rpc", "tracker": "localhost:9190"},
+        {"kind": "gpu"},
+    ],
+)
+def test_check_runner_rejects_malformed_runners(runner: dict) -> None:
+    with pytest.raises(InvalidSpec):
+        check_runner(runner, timeout_s=1.0)
+
+
+def test_guarded_runner_fails_fast_once_the_device_is_gone(tracker: RPCProcess) -> None:
+    from schedules._tvm import ms
+
+    with start_server(tracker.address, "kiln-gone", "127.0.0.1", 0):
+        runner = make_rpc_runner(
+            {"kind": "rpc", "tracker": tracker.address, "key": "kiln-gone", "timeout_s": 5},
+            ms.runner.EvaluatorConfig(number=1, repeat=1),
+        )
+    assert _gone(tracker.address, "kiln-gone")
+    # The server is gone: the next batch fails at once instead of waiting at the tracker.
+    with pytest.raises(DeviceUnavailable, match="no RPC server with key 'kiln-gone'"):
+        runner.run([])
+
+
+def test_a_candidate_waiting_for_a_busy_server_times_out(tracker: RPCProcess, server: RPCProcess) -> None:
+    from schedules._tvm import ms
+
+    host, port = tracker.address.rsplit(":", 1)
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=KEY)
+    busy = config.connect_server()  # another client holds the only server
+    try:
+        assert _queue(tracker.address, KEY, free=0) == DeviceQueue(key=KEY, free=0, pending=0, total=1)
+        runner = make_rpc_runner(
+            {
+                "kind": "rpc",
+                "tracker": tracker.address,
+                "key": KEY,
+                "session_timeout_s": 1,
+                "queue_timeout_s": 2,
+            },
+            ms.runner.EvaluatorConfig(number=1, repeat=1),
+        )
+        candidate = ms.runner.RunnerInput(
+            "/nonexistent/tvm_tmp_mod.tar", "cpu", [ms.arg_info.TensorInfo("float32", [4])]
+        )
+        started = time.monotonic()
+        (future,) = runner.run([candidate])
+        result = future.result()
+        # TVM's stock RPCRunner would wait at the tracker for as long as the server stays busy.
+        assert "Timeout" in str(result.error_msg)
+        assert time.monotonic() - started < 60
+    finally:
+        del busy  # closes the session
+    assert _queue(tracker.address, KEY, free=1) == DeviceQueue(key=KEY, free=1, pending=0, total=1)
+
+
+def test_mlp_tunes_through_the_rpc_runner(
+    tracker: RPCProcess, server: RPCProcess, store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(seed=5), str(path))
+    model, _ = register_model(store, settings, path)
+    runner = {"kind": "rpc", "tracker": tracker.address, "key": KEY}
+    spec = JobSpec(model_id=model.id, target=host_target(), trials=8, runner=runner)
+    job = submit_job(store, spec)
+
+    result = run_job(store, settings, job.id)
+
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    records = store.list_records(job_id=job.id)
+    assert 0 < len(records) <= 8
+    assert store.count_records(job_id=job.id) == len(records) == sum(t.trials for t in result.tasks)
+    # Every candidate was uploaded to the server, linked and run there: none failed.
+    assert all(r.error is None for r in records), [r.error for r in records]
+    assert all(r.mean_latency_us is not None and 0 < r.mean_latency_us < 1e6 for r in records)
+    assert all(r.run_secs and all(0 < s < 1 for s in r.run_secs) for r in records)
+    assert all(c.ok for c in result.comparisons)
+    # The server is free again for the next job.
+    assert _queue(tracker.address, KEY, free=1) == DeviceQueue(key=KEY, free=1, pending=0, total=1)
+
+
+def _kiln(*args: str, tmp_path: Path) -> list[str]:
+    return [sys.executable, "-m", "tuner.cli", "--data-dir", str(tmp_path), *args]
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("KILN_DATABASE_URL", None)
+    env.pop("KILN_RPC_TRACKER", None)
+    return env
+
+
+def test_cli_devices_prints_the_registered_keys(
+    tracker: RPCProcess, server: RPCProcess, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        _kiln("rpc", "devices", "--tracker", tracker.address, tmp_path=tmp_path),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"RPC devices at {tracker.address}" in done.stdout
+    # key, servers, free, pending
+    assert re.search(rf"{KEY}\s*│\s*1\s*│\s*1\s*│\s*0\s*│", done.stdout), done.stdout
+
+    down = subprocess.run(
+        _kiln("rpc", "devices", "--tracker", f"127.0.0.1:{_closed_port()}", tmp_path=tmp_path),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert down.returncode == 2
+    assert "device_unavailable" in down.stderr and "Traceback" not in down.stderr
+
+
+def test_cli_server_registers_and_stops_on_sigterm(tracker: RPCProcess, tmp_path: Path) -> None:
+    key = "kiln-cli"
+    proc = subprocess.Popen(
+        _kiln("rpc", "server", "--tracker", tracker.address, "--key", key, "--port", "0", tmp_path=tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
+    try:
+        assert _queue(tracker.address, key, free=1, wait_s=60.0) is not None, "server never registered"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert f"RPC server {key} listening on 127.0.0.1:" in out and "RPC server stopped" in out
+    # Its child processes went with it: the tracker dropped the registration.
+    assert _gone(tracker.address, key)
