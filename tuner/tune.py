@@ -140,8 +140,9 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
         if self.on_batch is not None:
             self.on_batch(TrialBatch(task_index=int(task_id), latencies_us=latencies, errors=errors))
         if self.should_stop is not None and self.should_stop():
-            for i in range(len(task_scheduler.tasks_)):
-                task_scheduler.terminate_task(i)
+            for i, record in enumerate(task_scheduler.tasks_):
+                if not record.is_terminated:  # terminating twice is a fatal check in TVM
+                    task_scheduler.terminate_task(i)
 
 
 def trials_per_iter(budget: Budget, num_tasks: int, preferred: int) -> int:

@@ -153,6 +153,13 @@ def _snapshot(store: Store, job_id: str) -> tuple[str, bool]:
     return json.dumps(data), job.status.finished
 
 
+def _without_heartbeat(data: str) -> str:
+    # A heartbeat alone is not news for the client.
+    snapshot = json.loads(data)
+    snapshot["job"].pop("heartbeat_at", None)
+    return json.dumps(snapshot)
+
+
 @router.get(
     "/{job_id}/events",
     responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
@@ -168,9 +175,10 @@ async def job_events(job_id: str, state: StateDep, owner: OwnerDep) -> EventSour
             if finished:
                 yield {"event": "end", "data": data}
                 return
-            if data != last:
+            news = _without_heartbeat(data)
+            if news != last:
                 yield {"event": "progress", "data": data}
-                last = data
+                last = news
             await asyncio.sleep(EVENT_POLL_S)
 
     return EventSourceResponse(stream(), ping=15)

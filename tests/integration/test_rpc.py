@@ -152,7 +152,9 @@ def test_a_candidate_waiting_for_a_busy_server_times_out(tracker: RPCProcess, se
     from schedules._tvm import ms
 
     host, port = tracker.address.rsplit(":", 1)
-    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=KEY)
+    config = ms.runner.RPCConfig(
+        tracker_host=host, tracker_port=int(port), tracker_key=KEY, session_timeout_sec=300
+    )
     busy = config.connect_server()  # another client holds the only server
     try:
         assert _queue(tracker.address, KEY, free=0) == DeviceQueue(key=KEY, free=0, pending=0, total=1)

@@ -486,7 +486,12 @@ class Store:
         status = JobStatus(status)
         if not status.finished:
             raise ValueError(f"finish_job needs a final status, not '{status.value}'")
-        values: dict[str, Any] = {"status": status.value, "finished_at": utcnow(), "error": error}
+        values: dict[str, Any] = {
+            "status": status.value,
+            "finished_at": utcnow(),
+            "error": error,
+            "stage": None,
+        }
         if baseline_latency_ms is not None:
             values["baseline_latency_ms"] = baseline_latency_ms
         if tuned_latency_ms is not None:

@@ -1,0 +1,97 @@
+"""Multi-user: bearer tokens from KILN_API_TOKENS or `kiln token create`, owners see only their things."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.tokens import token_sha256
+
+ALICE = {"Authorization": "Bearer alice-secret"}
+BOB = {"Authorization": "Bearer bob-secret"}
+
+
+def _client(settings: Settings) -> TestClient:
+    return TestClient(create_app(settings))
+
+
+def test_every_api_route_needs_a_token_when_tokens_are_configured(api_settings: Settings) -> None:
+    settings = api_settings.model_copy(update={"api_tokens": "alice:alice-secret,bob:bob-secret"})
+    with _client(settings) as client:
+        for path in ("/api/v1/models", "/api/v1/jobs", "/api/v1/jobs/x", "/api/v1/devices"):
+            response = client.get(path)
+            assert response.status_code == 401, path
+            assert response.headers["www-authenticate"] == "Bearer"
+            assert response.json()["error"]["kind"] == "unauthorized"
+        wrong = client.get("/api/v1/models", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "not valid" in wrong.json()["error"]["message"]
+        assert client.get("/api/v1/models", headers=ALICE).status_code == 200
+        # Monitoring stays open.
+        assert client.get("/healthz").json()["auth"] is True
+        assert client.get("/metrics").status_code == 200
+
+
+def test_other_users_models_and_jobs_are_404(api_settings: Settings, mlp_bytes: bytes) -> None:
+    settings = api_settings.model_copy(update={"api_tokens": "alice:alice-secret,bob:bob-secret"})
+    with _client(settings) as client:
+        model = client.post("/api/v1/models", files={"file": ("m.onnx", mlp_bytes)}, headers=ALICE).json()
+        job = client.post("/api/v1/jobs", json={"model_id": model["id"], "trials": 4}, headers=ALICE).json()
+
+        assert client.get(f"/api/v1/models/{model['id']}", headers=BOB).status_code == 404
+        assert client.get("/api/v1/models", headers=BOB).json() == []
+        assert client.get(f"/api/v1/jobs/{job['id']}", headers=BOB).status_code == 404
+        assert client.get("/api/v1/jobs", headers=BOB).json()["total"] == 0
+        assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=BOB).status_code == 404
+        assert client.get(f"/api/v1/jobs/{job['id']}/artifact", headers=BOB).status_code == 404
+        stolen = client.post("/api/v1/jobs", json={"model_id": model["id"], "trials": 4}, headers=BOB)
+        assert stolen.status_code == 404
+
+        # The same bytes uploaded by bob become bob's own model.
+        bobs = client.post("/api/v1/models", files={"file": ("m.onnx", mlp_bytes)}, headers=BOB)
+        assert bobs.status_code == 201 and bobs.json()["id"] != model["id"]
+        assert client.get(f"/api/v1/jobs/{job['id']}", headers=ALICE).status_code == 200
+
+
+def test_tokens_created_in_the_database_switch_auth_on(api_settings: Settings) -> None:
+    store = Store.from_settings(api_settings)
+    store.ensure_schema()
+    store.add_token("carol", token_sha256("carol-token"))
+    with _client(api_settings) as client:
+        assert client.get("/api/v1/jobs").status_code == 401
+        ok = client.get("/api/v1/jobs", headers={"Authorization": "Bearer carol-token"})
+        assert ok.status_code == 200
+
+
+def _kiln(args: list[str], data_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    full_env.update({"KILN_DATA_DIR": str(data_dir), **env})
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, env=full_env, timeout=120
+    )
+
+
+def test_serve_refuses_a_public_address_without_tokens(tmp_path: Path) -> None:
+    refused = _kiln(["serve", "--host", "0.0.0.0", "--port", "1"], tmp_path)
+    assert refused.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without API tokens" in refused.stderr
+    assert "--insecure" in refused.stderr
+
+
+def test_token_cli_creates_lists_and_revokes(tmp_path: Path) -> None:
+    created = _kiln(["token", "create", "dave"], tmp_path)
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip().splitlines()[-1]
+    assert token.startswith("kiln_")
+    store = Store(f"sqlite:///{tmp_path / 'kiln.db'}")
+    assert store.token_owner(token_sha256(token)) == "dave"
+    assert "dave" in _kiln(["token", "list"], tmp_path).stdout
+    assert _kiln(["token", "create", "dave"], tmp_path).returncode == 2  # names are unique
+    assert _kiln(["token", "revoke", "dave"], tmp_path).returncode == 0
+    assert store.token_owner(token_sha256(token)) is None

@@ -1,0 +1,199 @@
+"""Jobs over HTTP: validation, listing, cancellation, and a real tuned job's tasks, curves, schedules, files."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.conftest import onnx_bytes
+from tests.models import build_mlp
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.worker import Worker
+
+
+def _submit(client: TestClient, model_id: str, **fields) -> dict:
+    response = client.post("/api/v1/jobs", json={"model_id": model_id, **fields})
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def test_submitted_job_is_queued_with_a_resolved_target(client: TestClient, mlp_model: dict) -> None:
+    job = _submit(client, mlp_model["id"], trials=8, seed=3)
+    assert job["status"] == "queued" and job["stage"] is None
+    assert job["target"]["kind"] == "llvm" and "mcpu" in job["target"]
+    assert job["target_key"].startswith("llvm -mcpu=")
+    assert job["runner"] == {"kind": "local"} and job["cost_model"] == "xgb" and job["seed"] == 3
+    assert job["progress"] == {"trials_done": 0, "trials_total": 0, "tasks_done": 0, "tasks_total": 0}
+    assert client.get(f"/api/v1/jobs/{job['id']}").json()["id"] == job["id"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [
+        ({"target": {"kind": "opencl-fpga"}}, "invalid_target"),
+        ({"target": "not a target"}, "invalid_target"),
+        ({"trials": -1}, "invalid_request"),
+        ({"cost_model": "oracle"}, "invalid_request"),
+        ({"runner": {"kind": "ssh"}}, "invalid_request"),
+        ({"runner": {"kind": "rpc", "tracker": "no-port", "key": "cpu"}}, "invalid_spec"),
+        ({"runner": {"kind": "rpc", "tracker": "127.0.0.1:9190"}}, "invalid_request"),
+        ({"input_shapes": {"nope": [1, 2]}}, "invalid_spec"),
+        ({"surprise": 1}, "invalid_request"),
+    ],
+)
+def test_bad_job_requests_are_422_and_create_nothing(
+    client: TestClient, mlp_model: dict, fields: dict, kind: str
+) -> None:
+    response = client.post("/api/v1/jobs", json={"model_id": mlp_model["id"], **fields})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["kind"] == kind
+    assert client.get("/api/v1/jobs").json()["total"] == 0
+
+
+def test_job_for_an_unknown_model_is_404(client: TestClient) -> None:
+    response = client.post("/api/v1/jobs", json={"model_id": "f" * 32})
+    assert response.status_code == 404
+
+
+def test_dynamic_model_needs_shapes_at_submission(client: TestClient) -> None:
+    # Uploaded with a shape: the stored signature is static, so jobs need none.
+    data = onnx_bytes(build_mlp(batch="batch"))
+    model = client.post(
+        "/api/v1/models", files={"file": ("dyn.onnx", data)}, data={"input_shapes": '{"x": [2, 256]}'}
+    ).json()
+    assert _submit(client, model["id"], trials=4)["status"] == "queued"
+
+
+def test_jobs_are_listed_newest_first_filtered_and_paginated(client: TestClient, mlp_model: dict) -> None:
+    ids = [_submit(client, mlp_model["id"], trials=4, seed=i)["id"] for i in range(5)]
+    client.post(f"/api/v1/jobs/{ids[0]}/cancel")
+    page = client.get("/api/v1/jobs", params={"limit": 2, "offset": 1}).json()
+    assert page["total"] == 5 and page["limit"] == 2 and page["offset"] == 1
+    assert [j["id"] for j in page["items"]] == [ids[3], ids[2]]
+    queued = client.get("/api/v1/jobs", params={"status": "queued"}).json()
+    assert queued["total"] == 4 and ids[0] not in [j["id"] for j in queued["items"]]
+    assert client.get("/api/v1/jobs", params={"status": "exploded"}).status_code == 422
+
+
+def test_cancelling_a_queued_job_cancels_it_at_once(client: TestClient, mlp_model: dict) -> None:
+    job = _submit(client, mlp_model["id"], trials=4)
+    cancelled = client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert cancelled.status_code == 202
+    assert cancelled.json()["status"] == "cancelled"
+    again = client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["kind"] == "conflict"
+    artifact = client.get(f"/api/v1/jobs/{job['id']}/artifact")
+    assert artifact.status_code == 409
+    assert "cancelled" in artifact.json()["error"]["message"]
+
+
+def test_artifact_of_a_queued_job_is_409(client: TestClient, mlp_model: dict) -> None:
+    job = _submit(client, mlp_model["id"], trials=4)
+    response = client.get(f"/api/v1/jobs/{job['id']}/artifact")
+    assert response.status_code == 409
+    assert "queued" in response.json()["error"]["message"]
+
+
+def test_events_of_a_finished_job_end_at_once(client: TestClient, mlp_model: dict) -> None:
+    job = _submit(client, mlp_model["id"], trials=4)
+    client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    with client.stream("GET", f"/api/v1/jobs/{job['id']}/events") as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = "".join(response.iter_text())
+    assert "event: end" in text
+    data = json.loads(text.split("data: ", 1)[1].splitlines()[0])
+    assert data["job"]["status"] == "cancelled" and data["tasks"] == []
+
+
+def test_unknown_job_routes_are_404(client: TestClient) -> None:
+    for path in ("", "/tasks", "/tasks/1/curve", "/tasks/1/best", "/events", "/artifact", "/records"):
+        response = client.get(f"/api/v1/jobs/nope{path}")
+        assert response.status_code == 404, path
+        assert response.json()["error"]["kind"] == "not_found"
+    assert client.post("/api/v1/jobs/nope/cancel").status_code == 404
+
+
+@pytest.mark.slow
+def test_a_tuned_job_exposes_tasks_curves_schedules_and_files(
+    client: TestClient, api_settings: Settings, mlp_model: dict, tmp_path: Path
+) -> None:
+    from schedules._tvm import ms
+
+    job = _submit(client, mlp_model["id"], trials=16, seed=1)
+    worker = Worker(api_settings, "test-worker")
+    finished = worker.run_once()
+    assert finished is not None and finished.id == job["id"]
+
+    body = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert body["status"] == "succeeded", body["error"]
+    assert body["stage"] is None and body["worker"] == "test-worker" and body["attempts"] == 1
+    assert body["progress"] == {"trials_done": 16, "trials_total": 16, "tasks_done": 2, "tasks_total": 2}
+    assert body["tuned_latency_ms"] > 0 and body["speedup"] == pytest.approx(
+        body["baseline_latency_ms"] / body["tuned_latency_ms"]
+    )
+
+    tasks = client.get(f"/api/v1/jobs/{job['id']}/tasks").json()
+    assert len(tasks) == 2 and sum(t["trials"] for t in tasks) == 16
+    assert sum(t["share"] for t in tasks) == pytest.approx(1.0)
+    for task in tasks:
+        curve = client.get(f"/api/v1/jobs/{job['id']}/tasks/{task['id']}/curve").json()
+        points = curve["points"]
+        assert len(points) == task["trials"]
+        assert [p["index"] for p in points] == list(range(1, len(points) + 1))
+        bests = [p["best_us"] for p in points if p["best_us"] is not None]
+        assert bests == sorted(bests, reverse=True)  # best so far never gets worse
+        assert bests[-1] == pytest.approx(task["best_latency_us"])
+
+        best = client.get(f"/api/v1/jobs/{job['id']}/tasks/{task['id']}/best").json()
+        assert best["latency_us"] == pytest.approx(task["best_latency_us"])
+        assert "sch.get_sblock" in best["trace"] and "sch.split" in best["trace"]
+        assert "@T.prim_func" in best["tir"] and "@T.prim_func" in best["tir_before"]
+        assert best["tir"] != best["tir_before"]
+
+    artifact = client.get(f"/api/v1/jobs/{job['id']}/artifact")
+    assert artifact.status_code == 200
+    assert artifact.headers["content-type"] == "application/gzip"
+    assert "attachment" in artifact.headers["content-disposition"]
+    with tarfile.open(fileobj=io.BytesIO(artifact.content), mode="r:gz") as tar:
+        names = tar.getnames()
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert {"model.so", "manifest.json", "run.py"} <= set(names)
+    assert manifest["job_id"] == job["id"]
+
+    records = client.get(f"/api/v1/jobs/{job['id']}/records")
+    assert records.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(records.content), mode="r:gz") as tar:
+        tar.extractall(tmp_path / "rec", filter="data")
+    database = ms.database.JSONDatabase(
+        path_workload=str(tmp_path / "rec/records/database_workload.json"),
+        path_tuning_record=str(tmp_path / "rec/records/database_tuning_record.json"),
+        allow_missing=False,
+    )
+    assert len(database) == 16
+
+    metrics = client.get("/metrics").text
+    assert 'kiln_jobs{status="succeeded"} 1.0' in metrics
+    assert "kiln_trials_measured_total 16.0" in metrics
+    assert 'kiln_records_stored{valid="true"} 16.0' in metrics
+    assert "kiln_queue_wait_seconds_count 1.0" in metrics
+
+    with client.stream("GET", f"/api/v1/jobs/{job['id']}/events") as response:
+        assert "event: end" in "".join(response.iter_text())
+
+
+def test_healthz_reports_the_database(client: TestClient, api_settings: Settings) -> None:
+    body = client.get("/healthz").json()
+    head = Store.from_settings(api_settings).head_revision()
+    assert body == {
+        "status": "ok",
+        "database": "sqlite",
+        "schema_revision": head,
+        "embedded_workers": 0,
+        "auth": False,
+    }

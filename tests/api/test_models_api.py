@@ -1,0 +1,157 @@
+"""Model upload and inspection over HTTP: status codes, dedup, importer errors, upload limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from onnx import TensorProto, helper
+
+from service.app import create_app
+from tests.api.conftest import onnx_bytes
+from tests.models import build_mlp
+from tuner.settings import Settings
+
+
+def test_upload_returns_the_model_and_its_signature(client: TestClient, mlp_bytes: bytes) -> None:
+    response = client.post("/api/v1/models", files={"file": ("mlp.onnx", mlp_bytes)}, data={"name": "my-mlp"})
+    assert response.status_code == 201
+    body = response.json()
+    assert body["name"] == "my-mlp" and body["format"] == "onnx"
+    assert body["size_bytes"] == len(mlp_bytes) and len(body["sha256"]) == 64
+    assert body["inputs"] == [{"name": "x", "shape": [1, 256], "dtype": "float32"}]
+    assert body["outputs"] == [{"name": "y", "shape": [1, 10], "dtype": "float32"}]
+    assert client.get(f"/api/v1/models/{body['id']}").json() == body
+    assert [m["id"] for m in client.get("/api/v1/models").json()] == [body["id"]]
+
+
+def test_same_bytes_again_return_the_existing_model(
+    client: TestClient, mlp_model: dict, mlp_bytes: bytes
+) -> None:
+    again = client.post("/api/v1/models", files={"file": ("copy.onnx", mlp_bytes)})
+    assert again.status_code == 200
+    assert again.json()["id"] == mlp_model["id"]
+    assert len(client.get("/api/v1/models").json()) == 1
+
+
+def test_name_defaults_to_the_file_name(client: TestClient, mlp_bytes: bytes) -> None:
+    body = client.post("/api/v1/models", files={"file": ("resnet-ish.onnx", mlp_bytes)}).json()
+    assert body["name"] == "resnet-ish"
+
+
+def test_corrupt_model_is_422_and_stores_nothing(client: TestClient, api_settings: Settings) -> None:
+    response = client.post("/api/v1/models", files={"file": ("broken.onnx", b"\x08\x07garbage" * 10)})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["kind"] == "invalid_model"
+    assert "broken.onnx" in error["message"]  # the user's file name, not a temporary one
+    assert client.get("/api/v1/models").json() == []
+    assert not any((api_settings.data_dir / "uploads").iterdir())
+
+
+def test_unsupported_operator_is_422_with_the_operator_named(client: TestClient) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Det", ["x"], ["d"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("d", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    response = client.post("/api/v1/models", files={"file": ("det.onnx", onnx_bytes(model))})
+    assert response.status_code == 422
+    assert response.json()["error"] == {
+        "kind": "unsupported_operator",
+        "message": "operator 'Det' is not supported by the ONNX importer",
+    }
+
+
+def test_dynamic_dimension_needs_input_shapes(client: TestClient) -> None:
+    data = onnx_bytes(build_mlp(batch="batch"))
+    missing = client.post("/api/v1/models", files={"file": ("dyn.onnx", data)})
+    assert missing.status_code == 422
+    assert missing.json()["error"]["kind"] == "missing_input_shape"
+    assert "'batch'" in missing.json()["error"]["message"]
+
+    given = client.post(
+        "/api/v1/models",
+        files={"file": ("dyn.onnx", data)},
+        data={"input_shapes": json.dumps({"x": [4, 256]})},
+    )
+    assert given.status_code == 201
+    assert given.json()["inputs"][0]["shape"] == [4, 256]
+
+
+@pytest.mark.parametrize("shapes", ["{not json", '{"x": [0, 256]}', '{"x": "1x256"}', "[1, 256]"])
+def test_malformed_input_shapes_are_422(client: TestClient, mlp_bytes: bytes, shapes: str) -> None:
+    response = client.post(
+        "/api/v1/models", files={"file": ("m.onnx", mlp_bytes)}, data={"input_shapes": shapes}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["kind"] == "invalid_spec"
+
+
+def test_upload_without_a_file_is_422(client: TestClient) -> None:
+    response = client.post("/api/v1/models", data={"name": "x"})
+    assert response.status_code == 422
+    assert response.json()["error"]["kind"] == "invalid_request"
+
+
+@pytest.fixture
+def small_limit_client(api_settings: Settings) -> TestClient:
+    settings = api_settings.model_copy(update={"max_upload_mb": 1})
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def test_upload_over_the_limit_is_413(small_limit_client: TestClient) -> None:
+    big = b"\0" * (2 << 20)
+    response = small_limit_client.post("/api/v1/models", files={"file": ("big.onnx", big)})
+    assert response.status_code == 413
+    assert response.json()["error"]["kind"] == "payload_too_large"
+    assert "1 MiB" in response.json()["error"]["message"]
+
+
+def test_streamed_upload_over_the_limit_is_cut_off_with_413(small_limit_client: TestClient) -> None:
+    sent = 0
+
+    def chunks():  # no Content-Length: the server must count what it reads and stop
+        nonlocal sent
+        for _ in range(64):
+            sent += 64 << 10
+            yield b"\0" * (64 << 10)
+
+    response = small_limit_client.post(
+        "/api/v1/models",
+        content=chunks(),
+        headers={"content-type": "multipart/form-data; boundary=xyz"},
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["kind"] == "payload_too_large"
+    assert small_limit_client.get("/api/v1/models").json() == []
+
+
+def test_unknown_model_is_404(client: TestClient) -> None:
+    response = client.get("/api/v1/models/0123456789abcdef")
+    assert response.status_code == 404
+    assert response.json()["error"]["kind"] == "not_found"
+
+
+@pytest.mark.slow
+def test_task_preview_lists_fused_kernels(client: TestClient, mlp_model: dict) -> None:
+    response = client.get(f"/api/v1/models/{mlp_model['id']}/tasks", params={"target": "host"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["target_key"].startswith("llvm -mcpu=")
+    names = [t["name"] for t in body["tasks"]]
+    assert len(names) == 2 and any("relu" in n for n in names)
+    assert all(t["flops"] > 0 and t["weight"] == 1 for t in body["tasks"])
+    assert body["fusion"]["operators_before"] > body["fusion"]["kernels_after"] == 2
+
+
+def test_task_preview_with_a_bad_target_is_422(client: TestClient, mlp_model: dict) -> None:
+    response = client.get(
+        f"/api/v1/models/{mlp_model['id']}/tasks", params={"target": '{"kind": "fpga9000"}'}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["kind"] == "invalid_target"

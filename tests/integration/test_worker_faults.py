@@ -1,0 +1,175 @@
+"""Workers under faults, for real: a SIGKILLed worker, a segfaulting tuning process, SIGTERM, cancel.
+
+Each test runs real tuning in real child processes; budgets are tiny (an MLP, 8 candidates per round).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.models import build_mlp
+from tuner.entities import Job, JobSpec, JobStatus
+from tuner.job import submit_job
+from tuner.models import register_model
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.worker import Worker
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(condition: Callable[[], object], what: str, timeout_s: float = 300) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@pytest.fixture
+def fault_settings(tmp_path: Path, database_url: str) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        heartbeat_s=0.5,
+        stale_after_s=3.0,
+        num_trials_per_iter=8,
+        cancel_grace_s=2.0,
+        poll_interval_s=0.2,
+    )
+
+
+@pytest.fixture
+def queue(store: Store, fault_settings: Settings, tmp_path: Path) -> Callable[..., Job]:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(seed=4), str(path))
+    model, _ = register_model(store, fault_settings, path)
+
+    def submit(trials: int, seed: int = 0) -> Job:
+        return submit_job(store, JobSpec(model_id=model.id, target="host", trials=trials, seed=seed))  # type: ignore[arg-type]
+
+    return submit
+
+
+def _worker_process(settings: Settings, name: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env.update(
+        {
+            "KILN_DATA_DIR": str(settings.data_dir),
+            "KILN_DATABASE_URL": settings.resolved_database_url,
+            "KILN_HEARTBEAT_S": str(settings.heartbeat_s),
+            "KILN_NUM_TRIALS_PER_ITER": str(settings.num_trials_per_iter),
+            "KILN_POLL_INTERVAL_S": "0.2",
+        }
+    )
+    return subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--name", name], env=env)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_job_of_a_sigkilled_worker_is_finished_by_another_keeping_its_records(
+    store: Store, fault_settings: Settings, queue: Callable[..., Job], processes: list
+) -> None:
+    job = queue(trials=40, seed=5)
+    first = _worker_process(fault_settings, "doomed")
+    processes.append(first)
+    _wait_for(lambda: store.count_records(job_id=job.id) >= 8, "the first worker to measure a round")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+
+    # Its tuning process dies with it (PR_SET_PDEATHSIG): no record arrives after a short grace.
+    time.sleep(2)
+    before = {r.id for r in store.list_records(job_id=job.id)}
+    time.sleep(2)
+    assert {r.id for r in store.list_records(job_id=job.id)} == before
+    assert store.get_job(job.id).status is JobStatus.RUNNING  # nobody knows yet
+
+    rescuer = Worker(fault_settings, "rescuer", store)
+    _wait_for(lambda: rescuer.run_once(), "the second worker to requeue and run the job")
+
+    done = store.get_job(job.id)
+    assert done.status is JobStatus.SUCCEEDED, done.error
+    assert done.worker == "rescuer" and done.attempts == 2
+    after = {r.id for r in store.list_records(job_id=job.id)}
+    assert before < after  # every record measured before the kill is still the job's
+    assert len(after) <= 40  # the resumed job spent only what was left of the budget
+    assert store.job_progress(job.id)["trials_done"] == sum(t.trials for t in store.list_tasks(job.id))
+    assert Path(store.get_artifact(job.id).path).is_file()
+
+
+def test_segfaulting_tuning_process_fails_the_job_and_the_worker_keeps_serving(
+    store: Store, fault_settings: Settings, queue: Callable[..., Job], database_url: str
+) -> None:
+    if not database_url.startswith("sqlite"):
+        pytest.skip("process isolation does not depend on the database; SQLite covers it")
+    job = queue(trials=200, seed=6)
+    worker = Worker(fault_settings, "survivor", store)
+    thread = threading.Thread(target=worker.run_once)
+    thread.start()
+    _wait_for(lambda: store.count_records(job_id=job.id) >= 1, "the job to measure")
+    pid = worker.child_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSEGV)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+
+    failed = store.get_job(job.id)
+    assert failed.status is JobStatus.FAILED
+    assert "killed by SIGSEGV (segmentation fault) while tuning" in failed.error
+    assert store.count_records(job_id=job.id) >= 1  # kept
+
+    # The same worker takes the next job and finishes it (0 trials: compile from the stored records).
+    nxt = queue(trials=0, seed=7)
+    assert worker.run_once().id == nxt.id
+    assert store.get_job(nxt.id).status is JobStatus.SUCCEEDED
+
+
+def test_sigterm_hands_the_job_back_and_cancel_stops_a_running_job(
+    store: Store, fault_settings: Settings, queue: Callable[..., Job], processes: list, database_url: str
+) -> None:
+    if not database_url.startswith("sqlite"):
+        pytest.skip("covered on SQLite; the queue operations themselves are tested on both backends")
+    job = queue(trials=400, seed=8)
+    proc = _worker_process(fault_settings, "polite")
+    processes.append(proc)
+    _wait_for(lambda: store.count_records(job_id=job.id) >= 1, "the job to measure")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    handed_back = store.get_job(job.id)
+    assert handed_back.status is JobStatus.QUEUED and handed_back.attempts == 0
+    measured = store.count_records(job_id=job.id)
+    assert measured >= 1
+
+    worker = Worker(fault_settings, "second", store)
+    thread = threading.Thread(target=worker.run_once)
+    thread.start()
+    _wait_for(lambda: store.count_records(job_id=job.id) > measured, "the job to resume")
+    store.request_cancel(job.id)
+    asked_at = time.monotonic()
+    thread.join(timeout=60)
+    stopped_after = time.monotonic() - asked_at
+    cancelled = store.get_job(job.id)
+    assert cancelled.status is JobStatus.CANCELLED, cancelled.error
+    assert "records" in cancelled.error
+    assert stopped_after < 30  # "within seconds": the grace period is 2 s here
+    assert store.count_records(job_id=job.id) > measured
