@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.models import build_mlp, build_small_cnn
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import VerificationFailed
@@ -23,39 +24,10 @@ from tuner.targets import host_target
 
 pytestmark = pytest.mark.slow
 
-LOAD_AND_RUN = """
-import json, sys, os
-os.environ.setdefault("TVM_NUM_THREADS", "2")
-import numpy as np, tvm
-from tvm import relax
-root = sys.argv[1]
-lib = tvm.runtime.load_module(os.path.join(root, "model.so"))
-vm = relax.VirtualMachine(lib, tvm.cpu())
-params = list(vm["main_transform_params"]([])) if vm.module.implements_function("main_transform_params") else []
-x = np.load(os.path.join(root, "input.npy"))
-out = vm["main"](tvm.runtime.tensor(x), *params)
-np.save(os.path.join(root, "output.npy"), out.numpy())
-"""
-
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.save(model, str(path))
     return path
-
-
-def _onnxruntime(path: Path, x: np.ndarray) -> np.ndarray:
-    ort = pytest.importorskip("onnxruntime")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: x})[0]
-
-
-def _run_artifact_in_fresh_process(artifact: Path, x: np.ndarray, workdir: Path) -> np.ndarray:
-    root = workdir / "unpacked"
-    with tarfile.open(artifact, "r:gz") as tar:
-        tar.extractall(root, filter="data")
-    np.save(root / "input.npy", x)
-    subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(root)], check=True, timeout=300)
-    return np.load(root / "output.npy")
 
 
 @pytest.fixture
@@ -108,8 +80,8 @@ def test_mlp_tunes_verifies_and_reloads_in_fresh_process(
     assert manifest["inputs"] == [{"name": "x", "shape": [1, 256], "dtype": "float32"}]
 
     x = np.random.default_rng(7).standard_normal((1, 256)).astype(np.float32)
-    got = _run_artifact_in_fresh_process(artifact, x, tmp_path)
-    np.testing.assert_allclose(got, _onnxruntime(path, x), rtol=1e-4, atol=1e-5)
+    got = run_artifact_in_fresh_process(artifact, x, tmp_path)
+    np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-5)
 
     # The bundled run.py works as shipped, with plain TVM, from the unpacked folder.
     ran = subprocess.run(
@@ -168,7 +140,7 @@ def _manifest(path: str) -> dict:
         return json.loads(tar.extractfile("manifest.json").read())
 
 
-def test_small_cnn_tunes_and_matches_onnxruntime(
+def test_small_cnn_tunes_and_matchesonnxruntime_output(
     sqlite_store: Store, settings: Settings, tmp_path: Path
 ) -> None:
     path = _save(build_small_cnn(), tmp_path / "cnn.onnx")
@@ -180,8 +152,8 @@ def test_small_cnn_tunes_and_matches_onnxruntime(
     ort = next(c for c in result.comparisons if c.reference == "onnxruntime")
     assert ort.ok and ort.max_abs_error < 1e-3
     x = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
-    got = _run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
-    np.testing.assert_allclose(got, _onnxruntime(path, x), rtol=1e-4, atol=1e-4)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-4)
 
 
 def test_mismatching_build_fails_the_job_loudly(
