@@ -7,7 +7,7 @@ KILN := $(VENV)/bin/kiln
 # Tests also exercise .pt2 import, so they install the torch extra (a local CPU wheel).
 DEV_EXTRAS ?= dev,torch
 
-.PHONY: run test lint format bench install dev clean
+.PHONY: run demo test lint format bench install dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,12 @@ install: $(VENV)/.installed
 
 dev: $(VENV)/.installed-dev
 
-## run: tune the bundled example CNN on this CPU and print untuned vs tuned latency
+## run: serve the REST API on http://127.0.0.1:8000 with one embedded worker, SQLite in ./kiln-data
 run: install
+	$(KILN) serve
+
+## demo: tune the bundled example CNN on this CPU with the CLI and print untuned vs tuned latency
+demo: install
 	$(KILN) tune examples/small_cnn.onnx --trials $${KILN_RUN_TRIALS:-64} --out out/
 
 ## test: the whole suite (unit + integration; PostgreSQL tests run when KILN_TEST_DATABASE_URL is set)

@@ -363,11 +363,12 @@ def rpc_tracker(
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 9190,
 ) -> None:
     """Run a TVM RPC tracker in the foreground until Ctrl-C or SIGTERM."""
-    from tuner.rpc import run_until_stopped, start_tracker
+    from tuner.rpc import run_until_stopped, start_tracker, stop_on_sigterm
 
+    stop = stop_on_sigterm()
     tracker = start_tracker(host, port, silent=not logging.getLogger().isEnabledFor(logging.INFO))
     console.print(f"RPC tracker listening on [bold]{tracker.address}[/]; Ctrl-C stops it", highlight=False)
-    run_until_stopped(tracker)
+    run_until_stopped(tracker, stop=stop)
     console.print("RPC tracker stopped")
 
 
@@ -379,9 +380,10 @@ def rpc_server(
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 9090,
 ) -> None:
     """Run a TVM RPC server (a measurement device) registered at a tracker, until Ctrl-C or SIGTERM."""
-    from tuner.rpc import run_until_stopped, start_server
+    from tuner.rpc import run_until_stopped, start_server, stop_on_sigterm
 
     timeout = _State.settings.rpc_timeout_s
+    stop = stop_on_sigterm()
     server = start_server(
         tracker, key, host, port, silent=not logging.getLogger().isEnabledFor(logging.INFO), timeout_s=timeout
     )
@@ -390,7 +392,7 @@ def rpc_server(
         "Ctrl-C stops it",
         highlight=False,
     )
-    run_until_stopped(server, tracker=tracker, key=key, timeout_s=timeout)
+    run_until_stopped(server, tracker=tracker, key=key, timeout_s=timeout, stop=stop)
     console.print("RPC server stopped")
 
 

@@ -349,12 +349,21 @@ def start_server(
     return process
 
 
+def stop_on_sigterm() -> threading.Event:
+    """An event set by SIGTERM. Install it before starting a process, so that no SIGTERM is lost."""
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    return stop
+
+
 def run_until_stopped(
     process: RPCProcess,
     tracker: str | None = None,
     key: str | None = None,
     check_every_s: float = 10.0,
     timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+    stop: threading.Event | None = None,
 ) -> None:
     """Keep a tracker or server running until Ctrl-C or SIGTERM, then stop it.
 
@@ -362,13 +371,8 @@ def run_until_stopped(
     serving for good, while its process stays up, after its tracker has been unreachable for a
     minute. Three failed checks in a row raise ``DeviceUnavailable``, so a supervisor can restart it.
     """
-    stop = threading.Event()
-
-    def _on_sigterm(signum: int, frame: object) -> None:
-        stop.set()
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    if stop is None:  # the caller did not install a SIGTERM handler before starting the process
+        stop = stop_on_sigterm()
     misses = 0
     next_check = time.monotonic() + check_every_s
     try:
@@ -392,6 +396,4 @@ def run_until_stopped(
     except KeyboardInterrupt:
         pass
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         process.terminate()

@@ -268,3 +268,41 @@ def test_cli_server_registers_and_stops_on_sigterm(tracker: RPCProcess, tmp_path
     assert f"RPC server {key} listening on 127.0.0.1:" in out and "RPC server stopped" in out
     # Its child processes went with it: the tracker dropped the registration.
     assert _gone(tracker.address, key)
+
+
+def test_devices_route_shows_the_trackers_queue(
+    tracker: RPCProcess, server: RPCProcess, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    settings = Settings(
+        data_dir=tmp_path / "api", database_url=None, embedded_workers=0, rpc_tracker=tracker.address
+    )
+    with TestClient(create_app(settings)) as client:
+        body = client.get("/api/v1/devices").json()
+    assert body["tracker"] == tracker.address
+    assert {"key": KEY, "free": 1, "pending": 0, "total": 1} in body["devices"]
+
+    dead = settings.model_copy(update={"rpc_tracker": f"127.0.0.1:{_closed_port()}"})
+    with TestClient(create_app(dead)) as client:
+        response = client.get("/api/v1/devices")
+    assert response.status_code == 503
+    assert response.json()["error"]["kind"] == "device_unavailable"
+
+
+def test_a_job_whose_tracker_is_unreachable_fails_with_a_clear_error(
+    store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(seed=6), str(path))
+    model, _ = register_model(store, settings, path)
+    runner = {"kind": "rpc", "tracker": f"127.0.0.1:{_closed_port()}", "key": KEY}
+    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=8, runner=runner))
+    with pytest.raises(DeviceUnavailable):
+        run_job(store, settings, job.id)
+    failed = store.get_job(job.id)
+    assert failed.status is JobStatus.FAILED
+    assert "unreachable" in failed.error or "refused" in failed.error, failed.error
+    assert store.count_records(job_id=job.id) == 0
