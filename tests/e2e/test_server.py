@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,47 +13,6 @@ from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.models import build_mlp
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    """`kiln serve` with one embedded worker on SQLite; yields its base URL."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    env.update({"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_NUM_TRIALS_PER_ITER": "4"})
-    log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port)], env=env, stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("server did not start:\n" + (tmp_path / "server.log").read_text())
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            # uvicorn shuts down gracefully, then re-raises SIGTERM so that the exit status tells why.
-            assert proc.wait(timeout=30) in (0, -15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            log.close()
-        assert "Application shutdown complete" in (tmp_path / "server.log").read_text()
 
 
 def test_a_whole_job_over_http(server: str, tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def _manifest(path: str) -> dict:
         return json.loads(tar.extractfile("manifest.json").read())
 
 
-def test_small_cnn_tunes_and_matchesonnxruntime_output(
+def test_small_cnn_tunes_and_matches_onnxruntime(
     sqlite_store: Store, settings: Settings, tmp_path: Path
 ) -> None:
     path = _save(build_small_cnn(), tmp_path / "cnn.onnx")

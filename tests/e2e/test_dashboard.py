@@ -1,0 +1,161 @@
+"""The dashboard in a real browser: Playwright driving Debian's Chromium against `kiln serve`.
+
+Browsers cannot be downloaded here, so the test uses /usr/bin/chromium (`.ci/run` installs it). Without
+it the test skips, except where KILN_REQUIRE_BROWSER=1 (CI), where it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import onnx
+import pytest
+
+from tests.models import build_mlp
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+OUTPUT = Path(__file__).resolve().parents[1] / "output"
+# Quiet, offline-friendly Chromium: no background connections this machine's network would refuse.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def browser_page() -> Iterator[object]:
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("KILN_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"{CHROMIUM} is missing (apt-get install chromium)")
+        pytest.skip(f"{CHROMIUM} not installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        try:
+            yield page
+        finally:
+            context.close()
+            browser.close()
+
+
+def test_upload_tune_watch_inspect_download(
+    start_server: Callable[..., str], browser_page, tmp_path: Path
+) -> None:
+    page = browser_page
+    url = start_server()
+    model_path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(seed=21), str(model_path))
+    garbage = tmp_path / "broken.onnx"
+    garbage.write_bytes(b"\x08\x07 not a model" * 8)
+
+    page.goto(url + "/")
+    page.get_by_text("No job yet").wait_for()
+    page.click("text=New job")
+
+    # An import error from the server is shown next to the form.
+    page.set_input_files("#model-file", str(garbage))
+    page.click("#upload-form button[type=submit]")
+    error = page.locator("#upload-form .error")
+    error.wait_for()
+    assert "invalid_model" in error.inner_text() and "broken.onnx" in error.inner_text()
+
+    page.set_input_files("#model-file", str(model_path))
+    page.click("#upload-form button[type=submit]")
+    page.locator("#model-ready").wait_for()
+    assert "x" in page.locator("#model-ready + table").inner_text()
+    page.locator("#task-preview table tbody tr").first.wait_for(timeout=120_000)
+    assert page.locator("#task-preview table tbody tr").count() == 2
+
+    page.fill("#trials", "8")
+    page.click("#start-job")
+    page.wait_for_url("**/#/jobs/*")
+    job_id = page.url.rsplit("/", 1)[1]
+
+    page.locator("#job-head .badge[data-status=succeeded]").wait_for(timeout=400_000)
+
+    # The curve: one point per measured trial once every task has a measurement, drawn by uPlot.
+    curve = httpx.get(f"{url}/api/v1/jobs/{job_id}/curve").json()
+    expected = sum(1 for p in curve["points"] if p["estimate_us"] is not None)
+    assert 0 < expected <= 8
+    page.wait_for_function(
+        f"document.querySelector('#curve-chart').dataset.points === '{expected}'", timeout=30_000
+    )
+    assert page.locator("#curve-chart canvas").count() >= 1
+    assert page.locator("#task-chart canvas").count() >= 1
+
+    # The task table has both tasks and sorts by a column.
+    rows = page.locator("#task-table tbody tr")
+    assert rows.count() == 2
+    page.click("#task-table th[data-key=trials]")
+    assert page.locator("#task-table th.sorted-desc").count() == 1
+
+    # Before/after bars: untuned, tuned and the onnxruntime reference.
+    bars = page.locator("#latency-bars .bar")
+    assert bars.count() == 3
+    assert page.locator("#latency-bars .bar[data-name=onnxruntime]").count() == 1
+
+    # Compiler view of the second task: TIR before, tuned TIR, trace, highlighted.
+    second = page.locator("#compiler-task option").nth(1).get_attribute("value")
+    page.select_option("#compiler-task", second)
+    page.wait_for_function(
+        "document.querySelector('#tir-tuned code.hljs') && "
+        "document.querySelector('#tir-tuned').innerText.includes('prim_func')"
+    )
+    assert "sch." in page.locator("#trace").inner_text()
+    assert "prim_func" in page.locator("#tir-before").inner_text()
+    page.click("#graph-details summary")
+    assert (
+        "fused kernels" in page.locator("#graph-details").inner_text()
+        or "kernels" in page.locator("#graph-details summary").inner_text()
+    )
+
+    OUTPUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "job-page.png"), full_page=True)
+
+    with page.expect_download() as download_info:
+        page.click("#download-artifact")
+    artifact = tmp_path / "downloaded.tar.gz"
+    download_info.value.save_as(str(artifact))
+    with tarfile.open(artifact, "r:gz") as tar:
+        assert {"model.so", "manifest.json", "run.py"} <= set(tar.getnames())
+
+    # Back on the jobs list, the job is there with its speedup.
+    page.click("text=Jobs")
+    row = page.locator(f"#jobs-table tr[data-job='{job_id}']")
+    row.wait_for()
+    assert "succeeded" in row.inner_text() and "×" in row.inner_text()
+
+
+def test_the_page_asks_for_a_token_and_says_when_it_is_wrong(
+    start_server: Callable[..., str], browser_page
+) -> None:
+    page = browser_page
+    url = start_server(KILN_API_TOKENS="ada:right-token")
+    page.goto(url + "/#/models")
+    dialog = page.locator("#login")
+    dialog.wait_for()
+    assert "requires an API token" in page.locator("#login-message").inner_text()
+
+    page.fill("#login-token", "wrong-token")
+    page.click("#login-form button[type=submit]")
+    page.wait_for_function("document.querySelector('#login').open")
+    assert "refused the token" in page.locator("#login-message").inner_text()
+
+    page.fill("#login-token", "right-token")
+    page.click("#login-form button[type=submit]")
+    page.get_by_text("No model yet").wait_for()
+    assert not page.evaluate("document.querySelector('#login').open")
