@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import RedirectResponse
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
 
 import tuner
 from service.api import devices, jobs, models, system
@@ -20,6 +22,9 @@ from tuner.store.sql import Store
 from tuner.worker import WorkerPool
 
 log = logging.getLogger(__name__)
+
+# The dashboard: plain HTML/JS/CSS and vendored libraries, served as they are (no build step).
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 def create_app(
@@ -62,8 +67,10 @@ def create_app(
     for router in (models.router, jobs.router, devices.router, system.router):
         app.include_router(router)
 
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
     @app.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
-        return RedirectResponse("/docs")
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     return app

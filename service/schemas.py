@@ -139,6 +139,7 @@ class ProgressOut(BaseModel):
 class JobOut(BaseModel):
     id: str
     model_id: str
+    model_name: str
     status: JobStatus
     stage: str | None = Field(description="What a running job is doing: importing, tuning, compiling...")
     target: dict[str, Any]
@@ -151,6 +152,9 @@ class JobOut(BaseModel):
     progress: ProgressOut
     baseline_latency_ms: float | None = Field(description="Untuned TVM build, end to end")
     tuned_latency_ms: float | None
+    reference_latency_ms: dict[str, float] = Field(
+        description="Peers measured beside it, end to end, e.g. {'onnxruntime': 0.1}"
+    )
     speedup: float | None
     error: str | None
     cancel_requested: bool
@@ -162,11 +166,12 @@ class JobOut(BaseModel):
     attempts: int
 
     @classmethod
-    def of(cls, job: Job, progress: dict[str, int]) -> JobOut:
+    def of(cls, job: Job, progress: dict[str, int], model_name: str) -> JobOut:
         spec = job.spec
         return cls(
             id=job.id,
             model_id=spec.model_id,
+            model_name=model_name,
             status=job.status,
             stage=job.stage,
             target=spec.target,
@@ -179,6 +184,7 @@ class JobOut(BaseModel):
             progress=ProgressOut(**progress),
             baseline_latency_ms=job.baseline_latency_ms,
             tuned_latency_ms=job.tuned_latency_ms,
+            reference_latency_ms=dict(job.reference_latency_ms),
             speedup=job.speedup,
             error=job.error,
             cancel_requested=job.cancel_requested,
@@ -242,6 +248,33 @@ class CurveOut(BaseModel):
     task_id: int
     name: str
     points: list[CurvePoint]
+
+
+class JobCurvePoint(BaseModel):
+    index: int = Field(description="1-based trial number within the job")
+    task_id: int
+    record_id: int
+    latency_us: float | None = Field(description="This trial's latency; null when the candidate failed")
+    task_best_us: float | None = Field(description="Its task's best latency so far")
+    estimate_us: float | None = Field(
+        description="Estimated end-to-end latency: sum over tasks of weight x best so far (null until every "
+        "task has one)"
+    )
+    at: datetime
+    elapsed_s: float = Field(description="Seconds since the job was submitted")
+
+
+class JobCurveOut(BaseModel):
+    points: list[JobCurvePoint]
+    warm_start_us: dict[int, float] = Field(
+        description="Per task id: the best latency stored before this job measured anything (warm start)"
+    )
+
+
+class GraphOut(BaseModel):
+    target_key: str
+    fusion: FusionOut
+    graph: str = Field(description="The Relax program after Kiln's passes and fusion, as TVMScript")
 
 
 class BestOut(BaseModel):

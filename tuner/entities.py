@@ -168,6 +168,7 @@ class Job:
     stage: str | None = None  # what a running job is doing: importing, tuning, compiling...
     trials_done: int = 0
     trials_total: int = 0
+    reference_latency_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"onnxruntime": 0.1}
 
     @property
     def speedup(self) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,9 @@ class ModelPlan:
     graph: str  # the Relax program after fusion, as TVMScript
 
 
-_plans: dict[tuple[str, str, str, str], ModelPlan] = {}
+# Recently planned models (importing and fusing a model takes seconds); the oldest is dropped first.
+_PLAN_CACHE_SIZE = 32
+_plans: OrderedDict[tuple[str, str, str, str], ModelPlan] = OrderedDict()
 _plans_lock = threading.Lock()
 
 
@@ -51,8 +54,9 @@ def plan_model(
     key = (model.id, canonical_target_key(resolved), json.dumps(input_shapes or {}, sort_keys=True), "v1")
     with _plans_lock:
         cached = _plans.get(key)
-    if cached is not None:
-        return cached
+        if cached is not None:
+            _plans.move_to_end(key)
+            return cached
     imported = load_model(model_file(store, settings, model.id), input_shapes or _static_shapes(model))
     plan = plan_graph(
         imported.mod, to_tvm_target(resolved), settings.weight_prepack, settings.cpu_conv_layout
@@ -62,6 +66,8 @@ def plan_model(
     )
     with _plans_lock:
         _plans[key] = result
+        while len(_plans) > _PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
     return result
 
 

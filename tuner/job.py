@@ -327,6 +327,7 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
         JobStatus.SUCCEEDED,
         baseline_latency_ms=latency.get("untuned TVM"),
         tuned_latency_ms=latency.get("tuned"),
+        reference_latency_ms={k: v for k, v in latency.items() if k not in ("untuned TVM", "tuned")},
     )
     return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
 

@@ -14,11 +14,24 @@ from fastapi.responses import FileResponse
 from sse_starlette.sse import EventSourceResponse
 
 from service.deps import OwnerDep, StateDep
-from service.schemas import BestOut, CurveOut, CurvePoint, ErrorOut, JobIn, JobOut, JobPage, TaskOut
+from service.schemas import (
+    BestOut,
+    CurveOut,
+    CurvePoint,
+    ErrorOut,
+    FusionOut,
+    GraphOut,
+    JobCurveOut,
+    JobCurvePoint,
+    JobIn,
+    JobOut,
+    JobPage,
+    TaskOut,
+)
 from tuner.artifact import records_tarball
 from tuner.entities import Job, JobSpec, JobStatus, Task
 from tuner.errors import Conflict, NotFound
-from tuner.inspection import best_schedule, task_tir
+from tuner.inspection import best_schedule, plan_model, task_tir
 from tuner.job import submit_job
 from tuner.store.sql import Store
 
@@ -29,8 +42,11 @@ ERRORS = {401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": Err
 EVENT_POLL_S = 0.5
 
 
-def job_out(store: Store, job: Job) -> JobOut:
-    return JobOut.of(job, store.job_progress(job.id))
+def job_out(store: Store, job: Job, model_names: dict[str, str] | None = None) -> JobOut:
+    names = model_names if model_names is not None else {}
+    if job.spec.model_id not in names:
+        names[job.spec.model_id] = store.get_model(job.spec.model_id).name
+    return JobOut.of(job, store.job_progress(job.id), names[job.spec.model_id])
 
 
 def _task(store: Store, job: Job, task_id: int) -> Task:
@@ -64,8 +80,9 @@ def list_jobs(
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> JobPage:
     jobs = state.store.list_jobs(status, limit=limit, offset=offset, owner=owner)
+    names: dict[str, str] = {}
     return JobPage(
-        items=[job_out(state.store, j) for j in jobs],
+        items=[job_out(state.store, j, names) for j in jobs],
         total=state.store.count_jobs(status, owner),
         limit=limit,
         offset=offset,
@@ -120,6 +137,62 @@ def task_curve(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> C
             )
         )
     return CurveOut(task_id=task.id, name=task.name, points=points)
+
+
+@router.get(
+    "/{job_id}/curve",
+    response_model=JobCurveOut,
+    responses=ERRORS,
+    summary="Every trial of the job in order, with the estimated end-to-end latency after it",
+)
+def job_curve(job_id: str, state: StateDep, owner: OwnerDep) -> JobCurveOut:
+    store = state.store
+    job = store.get_job(job_id, owner)
+    tasks = store.list_tasks(job.id)
+    task_of = {t.workload_id: t for t in tasks}
+    timeline = store.job_timeline(job.id)
+    warm: dict[int, float] = {}
+    if timeline:
+        for t in tasks:
+            best = store.best_latency_before(t.workload_id, job.target_key, timeline[0][0])
+            if best is not None:
+                warm[t.id] = best
+    bests: dict[int, float] = dict(warm)
+    points = []
+    for index, (record_id, workload_id, latency_us, at) in enumerate(timeline, start=1):
+        task = task_of.get(workload_id)
+        if task is None:
+            continue
+        if latency_us is not None and (task.id not in bests or latency_us < bests[task.id]):
+            bests[task.id] = latency_us
+        complete = all(t.id in bests for t in tasks)
+        points.append(
+            JobCurvePoint(
+                index=index,
+                task_id=task.id,
+                record_id=record_id,
+                latency_us=latency_us,
+                task_best_us=bests.get(task.id),
+                estimate_us=sum(t.weight * bests[t.id] for t in tasks) if complete else None,
+                at=at,
+                elapsed_s=max(0.0, (at - job.created_at).total_seconds()),
+            )
+        )
+    return JobCurveOut(points=points, warm_start_us=warm)
+
+
+@router.get(
+    "/{job_id}/graph",
+    response_model=GraphOut,
+    responses=ERRORS,
+    summary="The model's Relax program after fusion on the job's target, and the fusion summary",
+)
+def job_graph(job_id: str, state: StateDep, owner: OwnerDep) -> GraphOut:
+    job = state.store.get_job(job_id, owner)
+    model = state.store.get_model(job.spec.model_id)
+    shapes = {k: list(v) for k, v in job.spec.input_shapes.items()} or None
+    plan = plan_model(state.store, state.settings, model, job.spec.target, shapes)
+    return GraphOut(target_key=plan.target_key, fusion=FusionOut.of(plan.fusion), graph=plan.graph)
 
 
 @router.get(

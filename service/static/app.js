@@ -15,11 +15,16 @@ function h(tag, attrs, ...children) {
     else if (key === "dataset") Object.assign(el.dataset, value);
     else el.setAttribute(key, value === true ? "" : value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return el;
+}
+
+// Like replaceChildren, but skips null/false children (conditional parts of a view).
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 }
 
 function fmt(value, digits = 3) {
@@ -167,7 +172,7 @@ document.getElementById("token-button").addEventListener("click", () => askForTo
 // ---- charts ------------------------------------------------------------------------------------
 
 function lineChart(container, { xLabel, yLabel, series, x, ys, points = false }) {
-  container.replaceChildren();
+  fill(container);
   container.dataset.points = String(x.length);
   if (!x.length) {
     container.append(h("p", { class: "muted" }, "No measured trial yet."));
@@ -207,9 +212,9 @@ pages.jobs = (view) => {
   async function refresh() {
     try {
       const page = await api("jobs?limit=100");
-      card.replaceChildren(jobsTable(page));
+      fill(card, jobsTable(page));
     } catch (err) {
-      card.replaceChildren(errorBox(err));
+      fill(card, errorBox(err));
     }
     timer = setTimeout(refresh, 2000);
   }
@@ -250,7 +255,7 @@ pages.submit = (view) => {
 
   const uploadForm = h("form", { class: "stack", id: "upload-form", onsubmit: async (e) => {
     e.preventDefault();
-    uploadError.replaceChildren();
+    fill(uploadError);
     if (!file.files.length) return;
     const form = new FormData();
     form.append("file", file.files[0]);
@@ -262,7 +267,7 @@ pages.submit = (view) => {
     try {
       select(await api("models", { method: "POST", form }));
     } catch (err) {
-      uploadError.replaceChildren(errorBox(err));
+      fill(uploadError, errorBox(err));
       if (err.kind === "missing_input_shape") shapes.focus();
     } finally {
       button.disabled = false;
@@ -290,12 +295,12 @@ pages.submit = (view) => {
 
   const jobForm = h("form", { class: "stack", id: "job-form", onsubmit: async (e) => {
     e.preventDefault();
-    jobError.replaceChildren();
+    fill(jobError);
     if (!chosen) return;
     let targetValue = "host";
     if (target.value === "custom") {
       try { targetValue = JSON.parse(customTarget.value); } catch (err) {
-        jobError.replaceChildren(errorBox({ kind: "invalid_target", message: `not valid JSON: ${err.message}` }));
+        fill(jobError, errorBox({ kind: "invalid_target", message: `not valid JSON: ${err.message}` }));
         return;
       }
     }
@@ -310,7 +315,7 @@ pages.submit = (view) => {
       const job = await api("jobs", { method: "POST", json: body });
       location.hash = `#/jobs/${job.id}`;
     } catch (err) {
-      jobError.replaceChildren(errorBox(err));
+      fill(jobError, errorBox(err));
       start.disabled = false;
     }
   } },
@@ -334,15 +339,15 @@ pages.submit = (view) => {
       if (!customTarget.value.trim()) return;
       targetParam = customTarget.value.trim();
     }
-    preview.replaceChildren(h("p", { class: "muted" }, "Extracting tasks…"));
+    fill(preview, h("p", { class: "muted" }, "Extracting tasks…"));
     try {
       const plan = await api(`models/${chosen.id}/tasks?target=${encodeURIComponent(targetParam)}`);
-      preview.replaceChildren(
+      fill(preview, 
         h("p", { class: "muted" }, `${plan.fusion.operators_before} operators → ${plan.fusion.kernels_after} fused kernels, ${plan.tasks.length} tasks on ${plan.target_key}`),
         h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Task"), h("th", { class: "num" }, "Weight"), h("th", { class: "num" }, "FLOPs"))),
           h("tbody", {}, plan.tasks.map((t) => h("tr", {}, h("td", {}, t.name), h("td", { class: "num" }, t.weight), h("td", { class: "num" }, fmtFlops(t.flops)))))));
     } catch (err) {
-      preview.replaceChildren(errorBox(err));
+      fill(preview, errorBox(err));
     }
   }
   customTarget.addEventListener("change", previewTasks);
@@ -351,7 +356,7 @@ pages.submit = (view) => {
     chosen = model;
     start.disabled = false;
     const tensorRows = (list, kind) => list.map((t) => h("tr", {}, h("td", {}, kind), h("td", {}, t.name), h("td", {}, `[${t.shape.join(", ")}]`), h("td", {}, t.dtype)));
-    modelInfo.replaceChildren(
+    fill(modelInfo, 
       h("div", { class: "notice", id: "model-ready" }, `Model “${model.name}” (${model.format}, ${(model.size_bytes / 1e6).toFixed(2)} MB, sha256 ${model.sha256.slice(0, 12)}) is ready.`),
       h("table", {}, h("thead", {}, h("tr", {}, ...["", "Name", "Shape", "Type"].map((t) => h("th", {}, t)))),
         h("tbody", {}, tensorRows(model.inputs, "input"), tensorRows(model.outputs, "output"))));
@@ -406,7 +411,7 @@ pages.job = (view, jobId) => {
       h("button", { id: "download-artifact", disabled: job.status !== "succeeded", onclick: () => download(`jobs/${job.id}/artifact`, "artifact.tar.gz").catch((err) => head.append(errorBox(err))) }, "Download artifact"),
       h("button", { id: "download-records", disabled: !job.progress.trials_done, onclick: () => download(`jobs/${job.id}/records`, "records.tar.gz").catch((err) => head.append(errorBox(err))) }, "Download records"));
     const stat = (label, value) => h("div", { class: "stat" }, h("div", { class: "v" }, value), h("div", { class: "l" }, label));
-    head.replaceChildren(
+    fill(head, 
       h("div", { class: "jobhead" }, h("h1", {}, `Job ${job.id.slice(0, 8)}`), badge(job.status), job.stage ? h("span", { class: "muted", id: "job-stage" }, job.stage) : null,
         h("span", { class: "muted" }, `${job.model_name} on ${job.target_key}`)),
       h("div", { style: "margin-top: 10px" }, progressBar(job.progress.trials_done, job.trials, true)),
@@ -427,11 +432,11 @@ pages.job = (view, jobId) => {
     for (const [peer, ms] of Object.entries(job.reference_latency_ms || {})) entries.push([peer, ms, "peer"]);
     const known = entries.filter(([, ms]) => ms);
     if (!known.length) {
-      bars.replaceChildren(h("p", { class: "muted" }, "Measured once the job has compiled its artifact."));
+      fill(bars, h("p", { class: "muted" }, "Measured once the job has compiled its artifact."));
       return;
     }
     const max = Math.max(...known.map(([, ms]) => ms));
-    bars.replaceChildren(...known.map(([name, ms, cls]) => {
+    fill(bars, ...known.map(([name, ms, cls]) => {
       const fill = h("span", { class: "fill" });
       fill.style.width = `${Math.max(0.5, (220 * ms) / max)}px`;
       return h("div", { class: `bar ${cls}`, dataset: { name } }, h("span", { class: "name" }, name), fill, h("span", { class: "val" }, `${fmt(ms)} ms`));
@@ -464,11 +469,11 @@ pages.job = (view, jobId) => {
       dataset: { key: k },
       onclick: () => { state.sort = { key: k, desc: state.sort.key === k ? !state.sort.desc : num }; renderTasks(); },
     }, label));
-    taskTable.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, header)),
+    fill(taskTable, h("table", {}, h("thead", {}, h("tr", {}, header)),
       h("tbody", {}, tasks.map((t) => h("tr", { dataset: { task: t.id } }, columns.map(([, , get, num]) => h("td", { class: num ? "num" : "" }, get(t))))))));
     if (taskSelect.options.length !== state.tasks.length) {
-      taskSelect.replaceChildren(...state.tasks.map((t) => h("option", { value: t.id }, t.name)));
-      compilerSelect.replaceChildren(...state.tasks.map((t) => h("option", { value: t.id }, t.name)));
+      fill(taskSelect, ...state.tasks.map((t) => h("option", { value: t.id }, t.name)));
+      fill(compilerSelect, ...state.tasks.map((t) => h("option", { value: t.id }, t.name)));
       if (state.selectedTask === null && state.tasks.length) state.selectedTask = state.tasks[0].id;
     }
   }
@@ -481,7 +486,7 @@ pages.job = (view, jobId) => {
       lineChart(curveChart, { xLabel: "trial", yLabel: "µs (estimated)", x: pts.map((p) => p.index), ys: [pts.map((p) => p.estimate_us)], series: [{ label: "estimated latency" }] });
       curveChart.dataset.trials = String(curve.points.length);
     } catch (err) {
-      curveChart.replaceChildren(errorBox(err));
+      fill(curveChart, errorBox(err));
     }
     await drawTaskCurve();
   }
@@ -497,7 +502,7 @@ pages.job = (view, jobId) => {
         series: [{ label: "measured", points: true }, { label: "best so far" }],
       });
     } catch (err) {
-      taskChart.replaceChildren(errorBox(err));
+      fill(taskChart, errorBox(err));
     }
   }
 
@@ -515,17 +520,17 @@ pages.job = (view, jobId) => {
   }
 
   async function showCompiler(taskId) {
-    compiler.replaceChildren(h("p", { class: "muted" }, "Loading…"));
+    fill(compiler, h("p", { class: "muted" }, "Loading…"));
     try {
       const best = await api(`jobs/${jobId}/tasks/${taskId}/best`);
-      compiler.replaceChildren(
+      fill(compiler, 
         h("p", { class: "muted" }, `Best: ${fmtUs(best.latency_us)}${best.gflops ? `, ${best.gflops.toFixed(1)} GFLOP/s` : ""}`),
         h("div", { class: "codes" },
           h("div", { id: "tir-before" }, h("h3", {}, "TIR before scheduling"), code(best.tir_before)),
           h("div", { id: "tir-tuned" }, h("h3", {}, "Tuned TIR"), code(best.tir)),
           h("div", { id: "trace" }, h("h3", {}, "Schedule trace"), code(best.trace))));
     } catch (err) {
-      compiler.replaceChildren(errorBox(err));
+      fill(compiler, errorBox(err));
     }
   }
 
@@ -533,13 +538,13 @@ pages.job = (view, jobId) => {
     try {
       const g = await api(`jobs/${jobId}/graph`);
       const hist = Object.entries(g.fusion.operator_histogram).sort((a, b) => b[1] - a[1]);
-      graph.replaceChildren(h("details", { id: "graph-details" },
+      fill(graph, h("details", { id: "graph-details" },
         h("summary", {}, `Model after fusion: ${g.fusion.operators_before} operators → ${g.fusion.kernels_after} kernels (${g.fusion.distinct_tasks} distinct tasks)`),
         h("table", { style: "width: auto" }, h("thead", {}, h("tr", {}, h("th", {}, "Operator"), h("th", { class: "num" }, "Count"))),
           h("tbody", {}, hist.map(([op, n]) => h("tr", {}, h("td", {}, op), h("td", { class: "num" }, n))))),
         h("h3", {}, "Relax program after fusion"), code(g.graph)));
     } catch (err) {
-      graph.replaceChildren(errorBox(err));
+      fill(graph, errorBox(err));
     }
   }
 
@@ -570,7 +575,7 @@ pages.job = (view, jobId) => {
         }
       }, controller.signal);
     } catch (err) {
-      if (err.name !== "AbortError") head.replaceChildren(errorBox(err));
+      if (err.name !== "AbortError") fill(head, errorBox(err));
     }
   })();
   return () => { controller.abort(); clearTimeout(state.curveTimer); };
@@ -582,11 +587,11 @@ pages.models = (view) => {
   view.append(card);
   api("models").then((models) => {
     if (!models.length) {
-      card.replaceChildren(h("p", {}, "No model yet. ", h("a", { href: "#/submit" }, "Upload one.")));
+      fill(card, h("p", {}, "No model yet. ", h("a", { href: "#/submit" }, "Upload one.")));
       return;
     }
     const sig = (list) => list.map((t) => `${t.name} [${t.shape.join(", ")}] ${t.dtype}`).join("; ");
-    card.replaceChildren(h("table", { id: "models-table" },
+    fill(card, h("table", { id: "models-table" },
       h("thead", {}, h("tr", {}, ...["Name", "Format", "Inputs", "Outputs", "Size", "sha256", "Uploaded", ""].map((t) => h("th", {}, t)))),
       h("tbody", {}, models.map((m) => {
         const detail = h("td", { colspan: 8 });
@@ -601,13 +606,13 @@ pages.models = (view) => {
             detail.append(h("p", { class: "muted" }, "Extracting tasks…"));
             try {
               const plan = await api(`models/${m.id}/tasks?target=host`);
-              detail.replaceChildren(h("p", { class: "muted" }, `${plan.fusion.operators_before} operators → ${plan.fusion.kernels_after} kernels on ${plan.target_key}`),
+              fill(detail, h("p", { class: "muted" }, `${plan.fusion.operators_before} operators → ${plan.fusion.kernels_after} kernels on ${plan.target_key}`),
                 h("table", {}, h("tbody", {}, plan.tasks.map((t) => h("tr", {}, h("td", {}, t.name), h("td", { class: "num" }, `×${t.weight}`), h("td", { class: "num" }, fmtFlops(t.flops)))))));
-            } catch (err) { detail.replaceChildren(errorBox(err)); }
+            } catch (err) { fill(detail, errorBox(err)); }
           } }, "Tasks")));
         return [row, detailRow];
       }))));
-  }).catch((err) => card.replaceChildren(errorBox(err)));
+  }).catch((err) => fill(card, errorBox(err)));
   return () => {};
 };
 
@@ -619,13 +624,13 @@ pages.devices = (view) => {
   async function refresh() {
     try {
       const d = await api("devices");
-      card.replaceChildren(
+      fill(card, 
         h("p", {}, d.tracker ? `RPC tracker ${d.tracker}` : d.message),
         d.tracker && !d.devices.length ? h("p", { class: "muted" }, `No server registered; start one with kiln rpc server --tracker ${d.tracker} --key KEY`) : null,
         d.devices.length ? h("table", { id: "devices-table" }, h("thead", {}, h("tr", {}, ...["Key", "Servers", "Free", "Pending"].map((t) => h("th", {}, t)))),
           h("tbody", {}, d.devices.map((x) => h("tr", {}, h("td", {}, x.key), h("td", { class: "num" }, x.total), h("td", { class: "num" }, x.free), h("td", { class: "num" }, x.pending))))) : null);
     } catch (err) {
-      card.replaceChildren(errorBox(err));
+      fill(card, errorBox(err));
     }
     timer = setTimeout(refresh, 5000);
   }
@@ -640,7 +645,7 @@ let cleanup = () => {};
 function route() {
   cleanup();
   const view = document.getElementById("view");
-  view.replaceChildren();
+  fill(view);
   const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean);
   const [section = "jobs", id] = parts;
   for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === section && !id);

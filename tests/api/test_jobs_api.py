@@ -138,9 +138,25 @@ def test_a_tuned_job_exposes_tasks_curves_schedules_and_files(
         body["baseline_latency_ms"] / body["tuned_latency_ms"]
     )
 
+    assert body["model_name"] == "mlp"
+    assert set(body["reference_latency_ms"]) == {"onnxruntime"}
+    assert body["reference_latency_ms"]["onnxruntime"] > 0
+
+    curve = client.get(f"/api/v1/jobs/{job['id']}/curve").json()
+    assert [p["index"] for p in curve["points"]] == list(range(1, 17))
+    estimates = [p["estimate_us"] for p in curve["points"]]
+    first = next(i for i, e in enumerate(estimates) if e is not None)
+    assert all(e is not None for e in estimates[first:])  # once every task has a best, always
+    assert estimates[first:] == sorted(estimates[first:], reverse=True)  # never gets worse
+    graph = client.get(f"/api/v1/jobs/{job['id']}/graph").json()
+    assert graph["fusion"]["kernels_after"] == 2 and "R.call_tir" in graph["graph"]
+
     tasks = client.get(f"/api/v1/jobs/{job['id']}/tasks").json()
     assert len(tasks) == 2 and sum(t["trials"] for t in tasks) == 16
     assert sum(t["share"] for t in tasks) == pytest.approx(1.0)
+    assert curve["points"][-1]["estimate_us"] == pytest.approx(
+        sum(t["weight"] * t["best_latency_us"] for t in tasks)
+    )
     for task in tasks:
         curve = client.get(f"/api/v1/jobs/{job['id']}/tasks/{task['id']}/curve").json()
         points = curve["points"]
@@ -197,3 +213,19 @@ def test_healthz_reports_the_database(client: TestClient, api_settings: Settings
         "embedded_workers": 0,
         "auth": False,
     }
+
+
+def test_the_dashboard_and_its_vendored_libraries_are_served(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for asset in (
+        "/static/app.js",
+        "/static/style.css",
+        "/static/vendor/uplot/uPlot.iife.min.js",
+        "/static/vendor/highlight/highlight.min.js",
+    ):
+        assert f'"{asset}"' in page.text
+        response = client.get(asset)
+        assert response.status_code == 200, asset
+        assert len(response.content) > 1000
+    assert "cdn" not in page.text.lower() and "https://" not in page.text  # nothing from the internet

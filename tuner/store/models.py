@@ -110,6 +110,8 @@ class JobRow(Base):
     trials_total: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     cancel_requested: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     stage: Mapped[str | None] = mapped_column(sa.String(32))
+    # End-to-end latency (ms) of the peers measured beside the tuned build, e.g. {"onnxruntime": 0.1}.
+    reference_latency_json: Mapped[str | None] = mapped_column(sa.Text)
 
 
 class WorkloadRow(Base):

@@ -169,6 +169,7 @@ def _job(row: JobRow) -> Job:
         stage=row.stage,
         trials_done=row.trials_done,
         trials_total=row.trials_total,
+        reference_latency_ms=json.loads(row.reference_latency_json) if row.reference_latency_json else {},
     )
 
 
@@ -478,6 +479,7 @@ class Store:
         error: str | None = None,
         baseline_latency_ms: float | None = None,
         tuned_latency_ms: float | None = None,
+        reference_latency_ms: dict[str, float] | None = None,
     ) -> Job:
         """Record a job's outcome (succeeded, failed or cancelled).
 
@@ -496,6 +498,8 @@ class Store:
             values["baseline_latency_ms"] = baseline_latency_ms
         if tuned_latency_ms is not None:
             values["tuned_latency_ms"] = tuned_latency_ms
+        if reference_latency_ms:
+            values["reference_latency_json"] = json.dumps(reference_latency_ms)
         unfinished = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
         with self.session_scope() as s:
             result = s.execute(
@@ -940,6 +944,37 @@ class Store:
         )
         with self.session_scope(write=False) as s:
             return [(rid, sec * 1e6 if _is_valid(sec) else None, at) for rid, sec, at in s.execute(query)]
+
+    def job_timeline(self, job_id: str) -> list[tuple[int, int, float | None, datetime]]:
+        """``(record id, workload id, mean latency in us or None, committed at)`` of every record of a job."""
+        query = (
+            sa.select(
+                TuningRecordRow.id,
+                TuningRecordRow.workload_id,
+                TuningRecordRow.mean_run_sec,
+                TuningRecordRow.created_at,
+            )
+            .where(TuningRecordRow.job_id == job_id)
+            .order_by(TuningRecordRow.id)
+        )
+        with self.session_scope(write=False) as s:
+            return [
+                (rid, wid, sec * 1e6 if _is_valid(sec) else None, at)
+                for rid, wid, sec, at in s.execute(query)
+            ]
+
+    def best_latency_before(self, workload_id: int, target_key: str, before_record_id: int) -> float | None:
+        """The best valid latency (us) of a workload on a target among records older than the given one."""
+        with self.session_scope(write=False) as s:
+            best = s.scalar(
+                sa.select(sa.func.min(TuningRecordRow.mean_run_sec)).where(
+                    TuningRecordRow.workload_id == workload_id,
+                    TuningRecordRow.target_key == target_key,
+                    TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
+                    TuningRecordRow.id < before_record_id,
+                )
+            )
+            return float(best) * 1e6 if best is not None else None
 
     def job_trials(self, job_id: str) -> dict[int, tuple[int, float | None]]:
         """Per workload: how many records this job measured, and the best valid latency (us) among them."""

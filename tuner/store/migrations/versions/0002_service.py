@@ -1,4 +1,4 @@
-"""Service: owners of models and jobs, job cancellation and stage, API tokens.
+"""Service: owners of models and jobs, job cancellation, stage and reference latencies, API tokens.
 
 Revision ID: 0002
 Revises: 0001
@@ -32,6 +32,7 @@ def upgrade() -> None:
         "jobs", sa.Column("cancel_requested", sa.Boolean(), server_default=sa.false(), nullable=False)
     )
     op.add_column("jobs", sa.Column("stage", sa.String(32), nullable=True))
+    op.add_column("jobs", sa.Column("reference_latency_json", sa.Text(), nullable=True))
     op.create_index("ix_jobs_owner", "jobs", ["owner"])
 
     op.create_table(
@@ -51,6 +52,7 @@ def downgrade() -> None:
     op.drop_table("api_tokens")
     op.drop_index("ix_jobs_owner", table_name="jobs")
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("reference_latency_json")
         batch.drop_column("stage")
         batch.drop_column("cancel_requested")
         batch.drop_column("owner")
