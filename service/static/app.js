@@ -393,7 +393,7 @@ pages.job = (view, jobId) => {
 
   view.append(head,
     h("div", { class: "row" },
-      h("div", { class: "card" }, h("h2", {}, "Tuning curve: estimated end-to-end latency"), h("p", { class: "hint" }, "Σ over tasks of weight × best latency so far, after each measured trial."), curveChart),
+      h("div", { class: "card" }, h("h2", {}, "Tuning curve: estimated end-to-end latency"), h("p", { class: "hint" }, "Σ over tasks of weight × best latency so far, after each measured trial; drawn once every task has a measured (or earlier stored) schedule."), curveChart),
       h("div", { class: "card" }, h("h2", {}, "Per task: every trial and the best so far"), taskSelect, taskChart)),
     h("div", { class: "row" },
       h("div", { class: "card" }, h("h2", {}, "Tasks"), taskTable),
