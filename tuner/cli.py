@@ -39,6 +39,13 @@ console = Console()
 err_console = Console(stderr=True)
 
 TargetOpt = Annotated[str, typer.Option("--target", help="'host' (this CPU) or a TVM target as JSON")]
+PerTaskOpt = Annotated[int | None, typer.Option("--per-task", help="At most this many trials per task")]
+SeedOpt = Annotated[int, typer.Option(help="Search seed")]
+CostModelOpt = Annotated[str, typer.Option(help="xgb or random")]
+NameOpt = Annotated[str | None, typer.Option(help="Model name (default: file name)")]
+ModelArg = Annotated[
+    Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
+]
 ShapeOpt = Annotated[
     list[str] | None,
     typer.Option("--input-shape", help="Shape of an input, e.g. x=1x3x224x224 (repeatable)"),
@@ -152,20 +159,16 @@ class _RichListener:
 
 @app.command()
 def tune(
-    model: Annotated[
-        Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
-    ],
+    model: ModelArg,
     target: TargetOpt = "host",
     trials: Annotated[
         int, typer.Option(help="Total measured trials over all tasks (0: compile from stored records)")
     ] = 64,
-    per_task: Annotated[
-        int | None, typer.Option("--per-task", help="At most this many trials per task")
-    ] = None,
+    per_task: PerTaskOpt = None,
     input_shape: ShapeOpt = None,
-    seed: Annotated[int, typer.Option(help="Search seed")] = 0,
-    cost_model: Annotated[str, typer.Option(help="xgb or random")] = "xgb",
-    name: Annotated[str | None, typer.Option(help="Model name (default: file name)")] = None,
+    seed: SeedOpt = 0,
+    cost_model: CostModelOpt = "xgb",
+    name: NameOpt = None,
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
 ) -> None:
     """Tune a model and write a compiled, verified artifact."""
@@ -438,20 +441,16 @@ def _is_loopback(host: str) -> bool:
 
 @app.command()
 def submit(
-    model: Annotated[
-        Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
-    ],
+    model: ModelArg,
     target: TargetOpt = "host",
     trials: Annotated[int, typer.Option(help="Total measured trials over all tasks")] = 64,
-    per_task: Annotated[
-        int | None, typer.Option("--per-task", help="At most this many trials per task")
-    ] = None,
+    per_task: PerTaskOpt = None,
     input_shape: ShapeOpt = None,
-    seed: Annotated[int, typer.Option(help="Search seed")] = 0,
-    cost_model: Annotated[str, typer.Option(help="xgb or random")] = "xgb",
+    seed: SeedOpt = 0,
+    cost_model: CostModelOpt = "xgb",
     rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
     rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
-    name: Annotated[str | None, typer.Option(help="Model name (default: file name)")] = None,
+    name: NameOpt = None,
 ) -> None:
     """Queue a tuning job for the workers (`kiln serve` or `kiln worker`) and print its id."""
     from tuner.frontend import parse_input_shapes

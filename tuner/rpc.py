@@ -28,6 +28,7 @@ from schedules._tvm import (
     tvm_ffi,
 )
 from tuner.errors import Conflict, DeviceUnavailable, InvalidSpec
+from tuner.runner import DoneFuture
 
 log = logging.getLogger(__name__)
 
@@ -169,19 +170,6 @@ def check_runner(runner: dict[str, Any], timeout_s: float) -> None:
 
 
 @derived_object
-class _MeasuredFuture(ms.runner.PyRunnerFuture):
-    def __init__(self, result: Any) -> None:
-        super().__init__()
-        self._result = result
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> Any:
-        return self._result
-
-
-@derived_object
 class GuardedRPCRunner(ms.runner.PyRunner):
     """MetaSchedule's ``RPCRunner``, measuring one candidate at a time and failing when the device goes.
 
@@ -204,7 +192,7 @@ class GuardedRPCRunner(ms.runner.PyRunner):
             result = self.inner.run([runner_input])[0].result()
             if result.error_msg:
                 check_runner(self.runner, self.check_timeout_s)
-            futures.append(_MeasuredFuture(result))
+            futures.append(DoneFuture(result))
         return futures
 
 

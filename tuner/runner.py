@@ -15,7 +15,9 @@ from schedules._tvm import derived_object, ms
 
 
 @derived_object
-class _DoneFuture(ms.runner.PyRunnerFuture):
+class DoneFuture(ms.runner.PyRunnerFuture):
+    """A runner future whose result is already known."""
+
     def __init__(self, result: Any) -> None:
         super().__init__()
         self._result = result
@@ -37,4 +39,4 @@ class ExclusiveRunner(ms.runner.PyRunner):
 
     def run(self, runner_inputs: list[Any]) -> list[Any]:
         futures = self.inner.run(runner_inputs)
-        return [_DoneFuture(future.result()) for future in futures]
+        return [DoneFuture(future.result()) for future in futures]

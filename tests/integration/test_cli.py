@@ -106,3 +106,19 @@ def test_tune_then_reuse_records_then_export(tmp_path: Path) -> None:
 def tar_manifest(artifact: Path) -> str:
     with tarfile.open(artifact) as tar:
         return tar.extractfile("manifest.json").read().decode()
+
+
+def test_submit_queues_a_job_for_the_workers_and_cancel_cancels_it(tmp_path: Path) -> None:
+    submitted = kiln("submit", str(MLP), "--trials", "8", "--seed", "3", data_dir=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split("queued job ", 1)[1].split()[0]
+    assert "queued" in kiln("jobs", data_dir=tmp_path).stdout
+
+    cancelled = kiln("cancel", job_id, data_dir=tmp_path)
+    assert cancelled.returncode == 0 and f"job {job_id}: cancelled" in cancelled.stdout
+    again = kiln("cancel", job_id, data_dir=tmp_path)
+    assert again.returncode == 2 and "already finished" in again.stderr
+
+    # A worker with nothing to do exits at once with --once.
+    idle = kiln("worker", "--once", data_dir=tmp_path, timeout=120)
+    assert idle.returncode == 0, idle.stderr
