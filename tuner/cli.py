@@ -422,10 +422,10 @@ def rpc_devices(
         )
 
 
-def _log_to_console(verbose_default: bool = True) -> None:
+def _log_to_console() -> None:
     """Long-running commands (serve, worker) say what they do at INFO level."""
     for name in ("tuner", "service"):
-        logging.getLogger(name).setLevel(logging.INFO if verbose_default else logging.WARNING)
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def _is_loopback(host: str) -> bool:

@@ -81,8 +81,9 @@ def best_schedule(store: Store, job: Job, task: Task) -> BestSchedule:
     if found is None:
         raise NotFound(f"task '{task.name}' has no successfully measured schedule yet")
     workload_json, record_json, mean_run_sec = found
+    record_data = json.loads(record_json)
     workload = ms.database.Workload.from_json(json.loads(workload_json))
-    record = ms.database.TuningRecord.from_json(json.loads(record_json), workload)
+    record = ms.database.TuningRecord.from_json(record_data, workload)
     sch = s_tir.Schedule(workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     latency_us = mean_run_sec * 1e6
@@ -91,7 +92,7 @@ def best_schedule(store: Store, job: Job, task: Task) -> BestSchedule:
         gflops=task.flops / (latency_us * 1e-6) / 1e9 if task.flops else None,
         trace="\n".join(str(line) for line in record.trace.as_python()),
         tir=sch.mod.script(),
-        trace_json=json.loads(record_json)[0],
+        trace_json=record_data[0],
     )
 
 

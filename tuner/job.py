@@ -36,7 +36,7 @@ from tuner.errors import Conflict, InvalidSpec, KilnError, MissingInputShape, Tu
 from tuner.frontend import ImportedModel, load_model
 from tuner.measure import latency_in_fresh_process
 from tuner.models import model_file
-from tuner.rpc import check_runner, parse_tracker
+from tuner.rpc import check_runner, validate_runner
 from tuner.settings import Settings
 from tuner.store.ms_database import KilnDatabase
 from tuner.store.sql import Store
@@ -103,19 +103,6 @@ def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
                 f"input '{t.name}' has dynamic dimensions {list(t.shape)}: give its shape in input_shapes, "
                 f'e.g. {{"{t.name}": {example}}}'
             )
-
-
-def validate_runner(runner: dict[str, Any]) -> None:
-    """Check a runner spec's shape: ``{"kind": "local"}`` or ``{"kind": "rpc", "tracker", "key"}``."""
-    kind = runner.get("kind", "local") if isinstance(runner, dict) else None
-    if kind == "local":
-        return
-    if kind != "rpc":
-        raise InvalidSpec(f"unknown runner {runner!r}; use {{'kind': 'local'}} or {{'kind': 'rpc', ...}}")
-    key = runner.get("key")
-    if not isinstance(key, str) or not key:
-        raise InvalidSpec("an rpc runner needs a device 'key' (as registered with the RPC tracker)")
-    parse_tracker(str(runner.get("tracker") or ""))
 
 
 def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
@@ -356,12 +343,13 @@ def _register_tasks(store: Store, job: Job, plan: GraphPlan, database: KilnDatab
 
 def _resumed_tasks(store: Store, job: Job, tasks: list[Task]) -> list[Task]:
     """A rerun job's tasks, their trials recounted from the records the earlier attempts committed."""
-    measured = store.job_trials(job.id)
+    measured = store.job_trial_counts(job.id)
     resumed = []
     for task in tasks:
-        count, _ = measured.get(task.workload_id, (0, None))
         best = store.best_latency_us(task.workload_id, job.target_key)
-        resumed.append(store.update_task(task.id, trials=count, best_latency_us=best))
+        resumed.append(
+            store.update_task(task.id, trials=measured.get(task.workload_id, 0), best_latency_us=best)
+        )
     log.info("job %s resumes with %d trials already measured", job.id, sum(t.trials for t in resumed))
     return resumed
 

@@ -143,7 +143,16 @@ def tracker_summary(address: str, timeout_s: float) -> list[DeviceQueue]:
     return [q for q in queue_list if q.total or q.free or q.pending]
 
 
-def _rpc_runner_fields(runner: dict[str, Any]) -> tuple[str, str]:
+def validate_runner(runner: dict[str, Any]) -> tuple[str, str] | None:
+    """Check a runner spec's shape: ``{"kind": "local"}``, or ``{"kind": "rpc", "tracker", "key"}``.
+
+    Returns ``(tracker, key)`` of an rpc runner, None for the local one.
+    """
+    kind = runner.get("kind", "local") if isinstance(runner, dict) else None
+    if kind == "local":
+        return None
+    if kind != "rpc":
+        raise InvalidSpec(f"unknown runner {runner!r}; use {{'kind': 'local'}} or {{'kind': 'rpc', ...}}")
     tracker = runner.get("tracker")
     key = runner.get("key")
     if not tracker or not key or not isinstance(key, str):
@@ -154,12 +163,10 @@ def _rpc_runner_fields(runner: dict[str, Any]) -> tuple[str, str]:
 
 def check_runner(runner: dict[str, Any], timeout_s: float) -> None:
     """Fail fast when a job's runner cannot measure: tracker unreachable, or no server with its key."""
-    kind = runner.get("kind", "local")
-    if kind == "local":
+    fields = validate_runner(runner)
+    if fields is None:
         return
-    if kind != "rpc":
-        raise InvalidSpec(f"unknown runner kind {kind!r}; use 'local' or 'rpc'")
-    tracker, key = _rpc_runner_fields(runner)
+    tracker, key = fields
     queues = tracker_summary(tracker, timeout_s)
     if not any(q.key == key and q.total > 0 for q in queues):
         known = ", ".join(f"'{q.key}'" for q in queues if q.total) or "none"
@@ -203,7 +210,10 @@ def make_rpc_runner(runner: dict[str, Any], evaluator_config: Any) -> Any:
     ``queue_timeout_s`` (waiting for a busy server, default 60), ``timeout_s`` (a question to the
     tracker, default 10).
     """
-    tracker, key = _rpc_runner_fields(runner)
+    fields = validate_runner(runner)
+    if fields is None:
+        raise InvalidSpec("make_rpc_runner needs an rpc runner spec")
+    tracker, key = fields
     host, port = parse_tracker(tracker)
     session_timeout = int(runner.get("session_timeout_s", DEFAULT_SESSION_TIMEOUT_S))
     queue_timeout = float(runner.get("queue_timeout_s", DEFAULT_QUEUE_TIMEOUT_S))

@@ -71,16 +71,11 @@ class Worker:
         self.name = name or default_worker_name()
         self.store = store or Store.from_settings(settings)
         self._stop = threading.Event()
-        self.current_job_id: str | None = None
-        self.child_pid: int | None = None
+        self.child_pid: int | None = None  # the running job's tuning process, if any
 
     def stop(self) -> None:
         """Ask the worker to stop; a job it is running goes back to the queue."""
         self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     def run_forever(self) -> None:
         """Serve jobs until stopped; database errors are logged and retried, never fatal."""
@@ -103,11 +98,9 @@ class Worker:
         if job is None:
             return None
         log.info("worker %s runs job %s (attempt %d)", self.name, job.id, job.attempts)
-        self.current_job_id = job.id
         try:
             self._supervise(job)
         finally:
-            self.current_job_id = None
             self.child_pid = None
         return self.store.get_job(job.id)
 

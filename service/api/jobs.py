@@ -121,8 +121,8 @@ def task_curve(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> C
     job = state.store.get_job(job_id, owner)
     task = _task(state.store, job, task_id)
     points, best = [], None
-    for index, (record_id, latency_us, at) in enumerate(
-        state.store.record_timeline(job.id, task.workload_id), start=1
+    for index, (record_id, _, latency_us, at) in enumerate(
+        state.store.job_timeline(job.id, task.workload_id), start=1
     ):
         if latency_us is not None and (best is None or latency_us < best):
             best = latency_us
@@ -217,20 +217,18 @@ def task_best(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> Be
     )
 
 
-def _snapshot(store: Store, job_id: str) -> tuple[str, bool]:
+def _snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:
     job = store.get_job(job_id)
     data: dict[str, Any] = {
         "job": job_out(store, job).model_dump(mode="json"),
         "tasks": [t.model_dump(mode="json") for t in TaskOut.list_of(store.list_tasks(job_id))],
     }
-    return json.dumps(data), job.status.finished
+    return data, job.status.finished
 
 
-def _without_heartbeat(data: str) -> str:
+def _news(data: dict[str, Any]) -> dict[str, Any]:
     # A heartbeat alone is not news for the client.
-    snapshot = json.loads(data)
-    snapshot["job"].pop("heartbeat_at", None)
-    return json.dumps(snapshot)
+    return {**data, "job": {k: v for k, v in data["job"].items() if k != "heartbeat_at"}}
 
 
 @router.get(
@@ -246,11 +244,11 @@ async def job_events(job_id: str, state: StateDep, owner: OwnerDep) -> EventSour
         while True:
             data, finished = await run_in_threadpool(_snapshot, state.store, job_id)
             if finished:
-                yield {"event": "end", "data": data}
+                yield {"event": "end", "data": json.dumps(data)}
                 return
-            news = _without_heartbeat(data)
+            news = _news(data)
             if news != last:
-                yield {"event": "progress", "data": data}
+                yield {"event": "progress", "data": json.dumps(data)}
                 last = news
             await asyncio.sleep(EVENT_POLL_S)
 

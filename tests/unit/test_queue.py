@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from tests.unit.test_store import add_job, add_model, spec_for
-from tuner.entities import JobStatus
+from tests.unit.test_store import SIGNATURE, add_job, add_model, spec_for
+from tuner.entities import JobStatus, ModelFormat
 from tuner.errors import Conflict
 from tuner.store import Store
 from tuner.store.models import JobRow, utcnow
@@ -127,10 +127,10 @@ def test_stale_job_with_a_cancel_request_ends_cancelled(store: Store) -> None:
 def test_owners_only_see_their_own_jobs(store: Store) -> None:
     model, _ = store.add_model(
         name="m",
-        format=add_model(store).format,
+        format=ModelFormat.ONNX,
         sha256="b" * 64,
         size_bytes=1,
-        signature=add_model(store, "c" * 64).signature,
+        signature=SIGNATURE,
         blob_path="x",
         owner="alice",
     )

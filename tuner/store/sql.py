@@ -935,18 +935,11 @@ class Store:
         with self.session_scope(write=False) as s:
             return int(s.scalar(query) or 0)
 
-    def record_timeline(self, job_id: str, workload_id: int) -> list[tuple[int, float | None, datetime]]:
-        """``(record id, mean latency in us or None if it failed, committed at)`` of a job's task."""
-        query = (
-            sa.select(TuningRecordRow.id, TuningRecordRow.mean_run_sec, TuningRecordRow.created_at)
-            .where(TuningRecordRow.job_id == job_id, TuningRecordRow.workload_id == workload_id)
-            .order_by(TuningRecordRow.id)
-        )
-        with self.session_scope(write=False) as s:
-            return [(rid, sec * 1e6 if _is_valid(sec) else None, at) for rid, sec, at in s.execute(query)]
-
-    def job_timeline(self, job_id: str) -> list[tuple[int, int, float | None, datetime]]:
-        """``(record id, workload id, mean latency in us or None, committed at)`` of every record of a job."""
+    def job_timeline(
+        self, job_id: str, workload_id: int | None = None
+    ) -> list[tuple[int, int, float | None, datetime]]:
+        """``(record id, workload id, mean latency in us or None if it failed, committed at)`` of a job's
+        records (of one workload when given), in commit order."""
         query = (
             sa.select(
                 TuningRecordRow.id,
@@ -957,6 +950,8 @@ class Store:
             .where(TuningRecordRow.job_id == job_id)
             .order_by(TuningRecordRow.id)
         )
+        if workload_id is not None:
+            query = query.where(TuningRecordRow.workload_id == workload_id)
         with self.session_scope(write=False) as s:
             return [
                 (rid, wid, sec * 1e6 if _is_valid(sec) else None, at)
@@ -976,19 +971,15 @@ class Store:
             )
             return float(best) * 1e6 if best is not None else None
 
-    def job_trials(self, job_id: str) -> dict[int, tuple[int, float | None]]:
-        """Per workload: how many records this job measured, and the best valid latency (us) among them."""
-        valid = sa.case((TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT, TuningRecordRow.mean_run_sec))
+    def job_trial_counts(self, job_id: str) -> dict[int, int]:
+        """Per workload: how many records (valid or not) this job measured."""
         query = (
-            sa.select(TuningRecordRow.workload_id, sa.func.count(TuningRecordRow.id), sa.func.min(valid))
+            sa.select(TuningRecordRow.workload_id, sa.func.count(TuningRecordRow.id))
             .where(TuningRecordRow.job_id == job_id)
             .group_by(TuningRecordRow.workload_id)
         )
         with self.session_scope(write=False) as s:
-            return {
-                wid: (int(n), float(best) * 1e6 if best is not None else None)
-                for wid, n, best in s.execute(query)
-            }
+            return {wid: int(n) for wid, n in s.execute(query)}
 
     def best_record(self, workload_id: int, target_key: str) -> tuple[str, str, float] | None:
         """``(workload_json, record_json, mean_run_sec)`` of a workload's fastest valid record."""
