@@ -172,6 +172,7 @@ def tune(
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
 ) -> None:
     """Tune a model and write a compiled, verified artifact."""
+    from tuner.fatal_signals import report_fatal_signals
     from tuner.frontend import parse_input_shapes
     from tuner.job import run_job, submit_job
     from tuner.models import register_model
@@ -195,6 +196,7 @@ def tune(
     console.print(
         f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
     )
+    report_fatal_signals(sys.stderr)  # a crashing kernel ends `kiln tune` instead of hanging it
     with _RichListener() as listener:
         result = run_job(store, settings, job.id, listener=listener)
     console.print(_task_table(result.tasks, "tasks"))

@@ -19,6 +19,7 @@ from schedules._tvm import (
 from schedules.spaces import space_for
 from tuner.builder import PooledBuilder
 from tuner.errors import InvalidSpec
+from tuner.fatal_signals import report_fatal_signals_on_stderr
 from tuner.rpc import make_rpc_runner
 from tuner.runner import ExclusiveRunner
 
@@ -82,7 +83,13 @@ def make_runner(config: MeasureConfig) -> Any:
     """The measurement runner: this machine's CPU, or devices behind a TVM RPC tracker."""
     kind = config.runner.get("kind", "local")
     if kind == "local":
-        return ExclusiveRunner(ms.runner.LocalRunner(evaluator_config=_evaluator(config)))
+        # A kernel that crashes ends its measuring process at once (reported as a failed candidate)
+        # rather than possibly hanging in TVM's handler until the runner's timeout.
+        return ExclusiveRunner(
+            ms.runner.LocalRunner(
+                evaluator_config=_evaluator(config), initializer=report_fatal_signals_on_stderr
+            )
+        )
     if kind == "rpc":
         return make_rpc_runner(config.runner, _evaluator(config))
     raise InvalidSpec(f"unknown runner kind {kind!r}; use 'local' or 'rpc'")

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tuner.entities import Job, JobStatus
@@ -49,16 +50,24 @@ def default_worker_name(suffix: str = "") -> str:
     return f"{socket.gethostname()}:{os.getpid()}{suffix}"
 
 
-def describe_exit(exitcode: int | None, stage: str | None) -> str:
+def crash_report_path(settings: Settings, job_id: str) -> Path:
+    """Where a job's tuning process writes the Python stacks of its threads if a fatal signal ends it."""
+    return settings.jobs_dir / job_id / "crash.txt"
+
+
+def describe_exit(exitcode: int | None, stage: str | None, crash_report: Path | None = None) -> str:
     """A readable reason for a tuning process that ended without recording its job's outcome."""
     during = f" while {stage}" if stage else ""
     if exitcode is not None and exitcode < 0:
         sig = signal.Signals(-exitcode)
         hint = _SIGNAL_HINTS.get(sig)
         what = f"{sig.name} ({hint})" if hint else sig.name
+        stacks = ""
+        if crash_report is not None and crash_report.is_file() and crash_report.stat().st_size > 0:
+            stacks = f" (the stacks of its threads are in {crash_report} on the worker)"
         return (
-            f"the tuning process was killed by {what}{during}; the worker is unaffected and the records "
-            "measured before were kept"
+            f"the tuning process was killed by {what}{during}{stacks}; the worker is unaffected and the "
+            "records measured before were kept"
         )
     return f"the tuning process exited with code {exitcode}{during} without recording an outcome"
 
@@ -175,7 +184,7 @@ class Worker:
             error = f"cancelled by the user; the {trials} records measured so far were kept"
         else:
             status = JobStatus.FAILED
-            error = describe_exit(exitcode, current.stage)
+            error = describe_exit(exitcode, current.stage, crash_report_path(self.settings, job.id))
         with contextlib.suppress(Conflict):
             self.store.finish_job(job.id, status, error=error)
 
@@ -259,9 +268,13 @@ def _child_main(job_id: str, worker: str, settings_json: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the worker, which decides
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from tuner.fatal_signals import report_fatal_signals
     from tuner.job import execute_job  # imports TVM: only in the tuning process
 
     settings = Settings.model_validate_json(settings_json)
+    crash_report = crash_report_path(settings, job_id)
+    crash_report.parent.mkdir(parents=True, exist_ok=True)
+    report_fatal_signals(crash_report.open("a"))  # open for the life of the process
     store = Store.from_settings(settings)
     try:
         job = store.get_job(job_id)

@@ -23,7 +23,7 @@ from tuner.job import submit_job
 from tuner.models import register_model
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.worker import Worker
+from tuner.worker import Worker, crash_report_path
 
 pytestmark = pytest.mark.slow
 
@@ -87,6 +87,24 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait()
 
 
+@pytest.fixture
+def in_thread() -> Iterator[Callable[[Worker], threading.Thread]]:
+    """Runs ``worker.run_once`` on a daemon thread; a test that fails while it runs still stops it,
+    so neither its tuning process nor the thread outlives the test (a live thread would stall exit)."""
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(worker: Worker) -> threading.Thread:
+        thread = threading.Thread(target=worker.run_once, name=f"worker-{worker.name}", daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return thread
+
+    yield start
+    for worker, thread in started:
+        worker.stop()  # hands the job back and kills its tuning process group
+        thread.join(timeout=30)
+
+
 def test_job_of_a_sigkilled_worker_is_finished_by_another_keeping_its_records(
     store: Store, fault_settings: Settings, queue: Callable[..., Job], processes: list
 ) -> None:
@@ -118,14 +136,17 @@ def test_job_of_a_sigkilled_worker_is_finished_by_another_keeping_its_records(
 
 
 def test_segfaulting_tuning_process_fails_the_job_and_the_worker_keeps_serving(
-    store: Store, fault_settings: Settings, queue: Callable[..., Job], database_url: str
+    store: Store,
+    fault_settings: Settings,
+    queue: Callable[..., Job],
+    database_url: str,
+    in_thread: Callable[[Worker], threading.Thread],
 ) -> None:
     if not database_url.startswith("sqlite"):
         pytest.skip("process isolation does not depend on the database; SQLite covers it")
     job = queue(trials=200, seed=6)
     worker = Worker(fault_settings, "survivor", store)
-    thread = threading.Thread(target=worker.run_once)
-    thread.start()
+    thread = in_thread(worker)
     _wait_for(lambda: store.count_records(job_id=job.id) >= 1, "the job to measure")
     pid = worker.child_pid
     assert pid is not None
@@ -136,6 +157,10 @@ def test_segfaulting_tuning_process_fails_the_job_and_the_worker_keeps_serving(
     failed = store.get_job(job.id)
     assert failed.status is JobStatus.FAILED
     assert "killed by SIGSEGV (segmentation fault) while tuning" in failed.error
+    # It died at once (not in TVM's own handler, which can deadlock) and left its threads' stacks.
+    report = crash_report_path(fault_settings, job.id)
+    assert str(report) in failed.error
+    assert "Segmentation fault" in report.read_text()
     assert store.count_records(job_id=job.id) >= 1  # kept
 
     # The same worker takes the next job and finishes it (0 trials: compile from the stored records).
@@ -145,7 +170,12 @@ def test_segfaulting_tuning_process_fails_the_job_and_the_worker_keeps_serving(
 
 
 def test_sigterm_hands_the_job_back_and_cancel_stops_a_running_job(
-    store: Store, fault_settings: Settings, queue: Callable[..., Job], processes: list, database_url: str
+    store: Store,
+    fault_settings: Settings,
+    queue: Callable[..., Job],
+    processes: list,
+    database_url: str,
+    in_thread: Callable[[Worker], threading.Thread],
 ) -> None:
     if not database_url.startswith("sqlite"):
         pytest.skip("covered on SQLite; the queue operations themselves are tested on both backends")
@@ -161,8 +191,7 @@ def test_sigterm_hands_the_job_back_and_cancel_stops_a_running_job(
     assert measured >= 1
 
     worker = Worker(fault_settings, "second", store)
-    thread = threading.Thread(target=worker.run_once)
-    thread.start()
+    thread = in_thread(worker)
     _wait_for(lambda: store.count_records(job_id=job.id) > measured, "the job to resume")
     store.request_cancel(job.id)
     asked_at = time.monotonic()
