@@ -7,7 +7,7 @@ import logging
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +17,9 @@ from rich.table import Table
 from tuner.entities import FusionSummary, Job, JobSpec, Task
 from tuner.errors import InvalidSpec, KilnError, TuningFailed
 from tuner.settings import Settings
+
+if TYPE_CHECKING:
+    from tuner.store.sql import Store
 
 app = typer.Typer(
     name="kiln",
@@ -43,6 +46,14 @@ PerTaskOpt = Annotated[int | None, typer.Option("--per-task", help="At most this
 SeedOpt = Annotated[int, typer.Option(help="Search seed")]
 CostModelOpt = Annotated[str, typer.Option(help="xgb or random")]
 NameOpt = Annotated[str | None, typer.Option(help="Model name (default: file name)")]
+OwnerOpt = Annotated[
+    str,
+    typer.Option(
+        "--owner",
+        help="API token name that owns the model and the job, so that token's user sees them over the API "
+        "(default: no owner; seen over the API only while it has no tokens)",
+    ),
+]
 ModelArg = Annotated[
     Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
 ]
@@ -169,6 +180,7 @@ def tune(
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
     name: NameOpt = None,
+    owner: OwnerOpt = "",
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
 ) -> None:
     """Tune a model and write a compiled, verified artifact."""
@@ -182,7 +194,8 @@ def tune(
     shapes = parse_input_shapes(input_shape or [])
     resolve_target(target)  # a bad target fails before the model is imported and stored
     store = _store()
-    info, _ = register_model(store, settings, model, name=name, input_shapes=shapes)
+    _check_owner(store, owner)
+    info, _ = register_model(store, settings, model, name=name, input_shapes=shapes, owner=owner)
     spec = JobSpec(
         model_id=info.id,
         target=resolve_target(target),
@@ -192,7 +205,7 @@ def tune(
         input_shapes=shapes,
         cost_model=cost_model,
     )
-    job = submit_job(store, spec)
+    job = submit_job(store, spec, owner)
     console.print(
         f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
     )
@@ -453,6 +466,7 @@ def submit(
     rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
     rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
     name: NameOpt = None,
+    owner: OwnerOpt = "",
 ) -> None:
     """Queue a tuning job for the workers (`kiln serve` or `kiln worker`) and print its id."""
     from tuner.frontend import parse_input_shapes
@@ -461,7 +475,8 @@ def submit(
 
     shapes = parse_input_shapes(input_shape or [])
     store = _store()
-    info, _ = register_model(store, _State.settings, model, name=name, input_shapes=shapes)
+    _check_owner(store, owner)
+    info, _ = register_model(store, _State.settings, model, name=name, input_shapes=shapes, owner=owner)
     runner: dict[str, Any] = {"kind": "local"}
     if rpc_tracker or rpc_key:
         runner = {"kind": "rpc", "tracker": rpc_tracker or _State.settings.rpc_tracker, "key": rpc_key}
@@ -475,8 +490,22 @@ def submit(
         runner=runner,
         cost_model=cost_model,
     )
-    job = submit_job(store, spec)
+    job = submit_job(store, spec, owner)
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
+
+
+def _check_owner(store: Store, owner: str) -> None:
+    """An owner must be the name of an API token (in the database or KILN_API_TOKENS), or nobody."""
+    from tuner.tokens import parse_tokens
+
+    if not owner:
+        return
+    known = {name for name, _ in store.list_tokens()} | set(parse_tokens(_State.settings.api_tokens).values())
+    if owner not in known:
+        raise InvalidSpec(
+            f"no API token is named {owner!r}; create one with `kiln token create {owner}` "
+            "(or list them with `kiln token list`)"
+        )
 
 
 @app.command()

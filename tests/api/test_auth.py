@@ -95,3 +95,36 @@ def test_token_cli_creates_lists_and_revokes(tmp_path: Path) -> None:
     assert _kiln(["token", "create", "dave"], tmp_path).returncode == 2  # names are unique
     assert _kiln(["token", "revoke", "dave"], tmp_path).returncode == 0
     assert store.token_owner(token_sha256(token)) is None
+
+
+def test_cli_submits_on_behalf_of_a_token_owner(tmp_path: Path, mlp_bytes: bytes) -> None:
+    data_dir = tmp_path / "data"
+    model = tmp_path / "mlp.onnx"
+    model.write_bytes(mlp_bytes)
+    unknown = _kiln(["submit", str(model), "--trials", "4", "--owner", "erin"], data_dir)
+    assert unknown.returncode == 2
+    message = " ".join(unknown.stderr.split())  # rich wraps long lines
+    assert "no API token is named 'erin'" in message and "kiln token create erin" in message
+
+    tune = _kiln(["tune", str(model), "--trials", "0", "--owner", "erin"], data_dir)
+    assert tune.returncode == 2 and "no API token is named 'erin'" in " ".join(tune.stderr.split())
+
+    token = _kiln(["token", "create", "erin"], data_dir).stdout.strip().splitlines()[-1]
+    queued = _kiln(["submit", str(model), "--trials", "4", "--owner", "erin"], data_dir)
+    assert queued.returncode == 0, queued.stderr
+    anonymous = _kiln(["submit", str(model), "--trials", "4"], data_dir)
+    assert anonymous.returncode == 0, anonymous.stderr
+    env_owner = _kiln(
+        ["submit", str(model), "--trials", "4", "--owner", "frank"],
+        data_dir,
+        KILN_API_TOKENS="frank:f-secret",
+    )
+    assert env_owner.returncode == 0, env_owner.stderr  # a KILN_API_TOKENS name is an owner too
+
+    settings = Settings(data_dir=data_dir, database_url=None, api_tokens=None, embedded_workers=0)
+    with _client(settings) as client:
+        erin = {"Authorization": f"Bearer {token}"}
+        jobs = client.get("/api/v1/jobs", headers=erin).json()
+        assert jobs["total"] == 1  # erin's job, not the anonymous one nor frank's
+        models = client.get("/api/v1/models", headers=erin).json()
+        assert [m["id"] for m in models] == [jobs["items"][0]["model_id"]]
