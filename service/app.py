@@ -13,10 +13,12 @@ from fastapi.staticfiles import StaticFiles
 
 import tuner
 from service.api import devices, jobs, models, system
-from service.auth import Authenticator
+from service.auth import Authenticator, AuthGate
 from service.deps import ServiceState
 from service.errors import install_error_handlers
 from service.limits import BodySizeLimit
+from tuner.models import clean_upload_spools
+from tuner.sandbox import ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.worker import WorkerPool
@@ -38,7 +40,12 @@ def create_app(
     store.ensure_schema(auto_create=True)
     workers = settings.embedded_workers if embedded_workers is None else embedded_workers
     settings = settings.model_copy(update={"embedded_workers": workers})
-    state = ServiceState(settings=settings, store=store, auth=Authenticator(settings, store))
+    auth = Authenticator(settings, store)
+    log.info("API tokens %s", "required" if auth.required else "not required")
+    sandbox = ModelSandbox(settings)
+    state = ServiceState(settings=settings, store=store, auth=auth, sandbox=sandbox)
+    # Spools of uploads a dead server was importing; newer ones may be another server's, in progress.
+    clean_upload_spools(settings, older_than_s=settings.import_timeout_s + 60)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -51,6 +58,7 @@ def create_app(
         finally:
             if pool is not None:
                 pool.stop()  # running jobs go back to the queue
+            sandbox.close()
 
     app = FastAPI(
         title="Kiln",
@@ -64,6 +72,7 @@ def create_app(
     app.state.kiln = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_mb << 20)
+    app.add_middleware(AuthGate, auth=auth)  # outermost: no body is read for an unauthenticated request
     for router in (models.router, jobs.router, devices.router, system.router):
         app.include_router(router)
 

@@ -1,49 +1,64 @@
 """Bearer-token authentication. A token's name owns the models and jobs created with it.
 
 Tokens come from ``KILN_API_TOKENS`` (``name:token`` pairs) and from ``kiln token create NAME`` (only
-their sha256 is stored). With none configured, the API is open and everything belongs to owner ``""``.
+their sha256 is stored). Whether requests need one is decided once, when the server starts
+(:func:`auth_required`), and never changes while it runs: revoking the last token leaves a server that
+refuses everyone, not one that lets everyone in. Without auth everything belongs to owner ``""``.
+
+:class:`AuthGate` checks every ``/api`` request from its headers, before any of its body is read, so an
+unauthenticated upload costs the server nothing.
 """
 
 from __future__ import annotations
 
 import hmac
-import threading
-import time
+import ipaddress
 
+from anyio import to_thread
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.errors import error_response
 from tuner.errors import Unauthorized
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.tokens import parse_tokens, token_sha256
 
-# How long the answer to "are tokens stored in the database?" is trusted before asking again.
-_TOKENS_CHECK_S = 5.0
+#: Where :class:`AuthGate` leaves the owner of an authenticated request (``request.state``).
+OWNER_STATE = "kiln_owner"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name to bind) is reachable from this machine only."""
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def auth_required(settings: Settings, store: Store) -> bool:
+    """``KILN_AUTH`` when set; otherwise required when any token exists or the server binds beyond loopback."""
+    if settings.auth is not None:
+        return settings.auth == "required"
+    return bool(parse_tokens(settings.api_tokens)) or store.has_tokens() or not is_loopback(settings.host)
 
 
 class Authenticator:
     """Turns an ``Authorization`` header into the owner name the request acts as."""
 
-    def __init__(self, settings: Settings, store: Store) -> None:
+    def __init__(self, settings: Settings, store: Store, required: bool | None = None) -> None:
         self.env_tokens = parse_tokens(settings.api_tokens)
         self.store = store
-        self._lock = threading.Lock()
-        self._stored: tuple[float, bool] = (0.0, False)
+        self.required = auth_required(settings, store) if required is None else required
 
     def enabled(self) -> bool:
-        """Whether requests must carry a token."""
-        if self.env_tokens:
-            return True
-        with self._lock:
-            checked_at, stored = self._stored
-            if time.monotonic() - checked_at < _TOKENS_CHECK_S:
-                return stored
-        stored = self.store.has_tokens()
-        with self._lock:
-            self._stored = (time.monotonic(), stored)
-        return stored
+        """Whether requests must carry a token (fixed for the life of the server)."""
+        return self.required
 
     def owner(self, authorization: str | None) -> str:
         """The owner of the request; :class:`Unauthorized` when a token is needed and missing or wrong."""
-        if not self.enabled():
+        if not self.required:
             return ""
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -56,3 +71,24 @@ class Authenticator:
         if name is None:
             raise Unauthorized("the API token is not valid (revoked, or mistyped)")
         return name
+
+
+class AuthGate:
+    """ASGI middleware: answer 401 to an ``/api`` request without a valid token before reading its body."""
+
+    def __init__(self, app: ASGIApp, auth: Authenticator) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.auth.required or not scope["path"].startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers") or []).get(b"authorization")
+        try:
+            owner = await to_thread.run_sync(self.auth.owner, header.decode("latin-1") if header else None)
+        except Unauthorized as exc:
+            await error_response(exc.kind, exc.message, 401)(scope, receive, send)
+            return
+        scope.setdefault("state", {})[OWNER_STATE] = owner
+        await self.app(scope, receive, send)

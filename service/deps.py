@@ -8,7 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.auth import Authenticator
+from service.auth import OWNER_STATE, Authenticator
+from tuner.sandbox import ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
 
@@ -22,6 +23,7 @@ class ServiceState:
     settings: Settings
     store: Store
     auth: Authenticator
+    sandbox: ModelSandbox  # where uploaded models are imported and planned
 
 
 def get_state(request: Request) -> ServiceState:
@@ -32,10 +34,14 @@ StateDep = Annotated[ServiceState, Depends(get_state)]
 
 
 def get_owner(
+    request: Request,
     state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
     """The owner name of the request ("" when the server needs no token)."""
+    owner = getattr(request.state, OWNER_STATE, None)
+    if owner is not None:  # checked by AuthGate before the body was read
+        return owner
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
     return state.auth.owner(header)
 

@@ -443,17 +443,6 @@ def _log_to_console() -> None:
         logging.getLogger(name).setLevel(logging.INFO)
 
 
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @app.command()
 def submit(
     model: ModelArg,
@@ -551,22 +540,32 @@ def serve(
         overrides["insecure"] = True
     settings = _State.settings.model_copy(update=overrides)
     store = _store_for(settings)
-    if (
-        not _is_loopback(settings.host)
-        and not settings.insecure
-        and not (settings.api_tokens or store.has_tokens())
-    ):
-        raise InvalidSpec(
-            f"refusing to serve on {settings.host} without API tokens: anyone on the network could upload "
-            "and run code. Set KILN_API_TOKENS=name:token, create one with `kiln token create NAME`, "
-            "or pass --insecure"
-        )
+    from service.auth import auth_required, is_loopback
+
+    public = not is_loopback(settings.host)
+    has_tokens = bool(settings.api_tokens or store.has_tokens())
+    if public and not settings.insecure:
+        if not has_tokens:
+            raise InvalidSpec(
+                f"refusing to serve on {settings.host} without API tokens: anyone on the network could "
+                "upload and run code. Set KILN_API_TOKENS=name:token, create one with `kiln token create "
+                "NAME`, or pass --insecure"
+            )
+        if settings.auth == "off":
+            raise InvalidSpec(
+                f"refusing to serve on {settings.host} with KILN_AUTH=off: anyone on the network could "
+                "upload and run code; pass --insecure to do it anyway"
+            )
+    if settings.insecure and settings.auth is None and not has_tokens:
+        settings = settings.model_copy(update={"auth": "off"})
+    required = auth_required(settings, store)
     _log_to_console()
     app_ = create_app(settings, store=store)
     shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     console.print(
         f"Kiln serving on [bold]http://{shown}:{settings.port}/[/] (API docs at /docs) with "
-        f"{settings.embedded_workers} embedded worker(s); database {store}"
+        f"{settings.embedded_workers} embedded worker(s); database {store}; API tokens "
+        f"{'required' if required else 'not required (KILN_AUTH=off or no token at start-up)'}"
     )
     uvicorn.run(app_, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10)
 

@@ -57,19 +57,32 @@ class ModelSignature:
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # The inputs as the model itself declares them (dynamic dimensions by name), when they differ from
+    # ``inputs`` (concrete shapes given at upload): what a job's input shapes are checked against.
+    declared_inputs: tuple[TensorSpec, ...] | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
         }
+        if self.declared_inputs is not None and self.declared_inputs != self.inputs:
+            data["declared_inputs"] = [t.to_dict() for t in self.declared_inputs]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSignature:
+        declared = data.get("declared_inputs")
         return cls(
             inputs=tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
             outputs=tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
+            declared_inputs=tuple(TensorSpec.from_dict(t) for t in declared) if declared else None,
         )
+
+    @property
+    def model_inputs(self) -> tuple[TensorSpec, ...]:
+        """The inputs as the model declares them."""
+        return self.declared_inputs or self.inputs
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,25 @@ class FusionSummary:
     kernels_after: int
     distinct_tasks: int
     operator_histogram: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """A model's tuning tasks and fused graph on one target, before any tuning."""
+
+    target_key: str
+    tasks: list[TaskInfo]
+    fusion: FusionSummary
+    graph: str  # the Relax program after fusion, as TVMScript
+
+
+@dataclass(frozen=True)
+class PlanError:
+    """Why a model could not be planned for a target (kept, so that it is not retried per request)."""
+
+    target_key: str
+    kind: str  # a KilnError kind
+    message: str
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,21 @@ class KilnError(Exception):
         super().__init__(message)
         self.message = message
 
+    def details(self) -> dict[str, object]:
+        """What the error carries beside its message (e.g. the operators), to send it across processes."""
+        return {k: v for k, v in vars(self).items() if k != "message"}
+
 
 class InvalidModel(KilnError):
     """The uploaded file is not a model Kiln can read (corrupt, truncated, wrong format)."""
 
     kind = "invalid_model"
+
+
+class ImporterCrashed(InvalidModel):
+    """The process importing a model died (a signal, an exit) instead of answering."""
+
+    kind = "importer_crashed"
 
 
 class UnsupportedOperator(KilnError):
@@ -106,3 +116,30 @@ class PayloadTooLarge(KilnError):
     """An upload is larger than the service accepts (``KILN_MAX_UPLOAD_MB``)."""
 
     kind = "payload_too_large"
+
+
+class ModelTooLarge(KilnError):
+    """Importing or planning a model needs more memory (or unpacks to more bytes) than the limits allow."""
+
+    kind = "model_too_large"
+
+
+class ImportTimeout(KilnError):
+    """Importing or planning a model took longer than its wall-clock or CPU-time limit."""
+
+    kind = "import_timeout"
+
+
+def rebuild_error(kind: str, message: str, details: dict[str, object] | None = None) -> KilnError:
+    """The typed error of ``kind`` with ``message`` and :meth:`KilnError.details` (errors cross process
+    boundaries as these three)."""
+    classes: list[type[KilnError]] = [KilnError]
+    for cls in classes:
+        classes.extend(cls.__subclasses__())
+        if cls.kind == kind:
+            error = cls.__new__(cls)
+            KilnError.__init__(error, message)
+            for key, value in (details or {}).items():
+                setattr(error, key, value)
+            return error
+    return InvalidModel(message)

@@ -34,6 +34,7 @@ from tuner.errors import (
     MissingInputShape,
     UnsupportedOperator,
 )
+from tuner.pt2_archive import check_archive, check_pickled_members, force_weights_only_load
 
 if TYPE_CHECKING:
     import onnx
@@ -52,6 +53,8 @@ MIN_ONNX_OPSET = 11
 UNKNOWN_RANK: tuple[Dim, ...] = ("...",)
 
 TORCH_PIN = "torch==2.13.0"
+#: Default bound on a .pt2 archive's total uncompressed size (``KILN_MAX_UNPACKED_MB`` sets it per call).
+DEFAULT_MAX_UNPACKED_BYTES = 4096 << 20
 _ZIP_MAGIC = b"PK\x03\x04"
 _SUPPORTED = "Kiln imports ONNX models (.onnx) and torch.export programs (.pt2, from torch.export.save)"
 _FOREIGN_FORMATS = {
@@ -119,7 +122,19 @@ def read_signature(path: Path) -> ModelSignature:
         model = _parse_onnx(path, path.read_bytes())
         return _onnx_signature(model, path.name)
     torch = _import_torch()
-    return _torch_signature(_load_torch_program(torch, path), path.name)
+    return _torch_signature(_load_torch_program(torch, path, DEFAULT_MAX_UNPACKED_BYTES), path.name)
+
+
+def warm_up() -> None:
+    """Load TVM, its importers and Kiln's graph passes now, so that the first model is quick."""
+    import tuner.tasks  # noqa: F401
+
+    _tvm_onnx_frontend()
+    try:
+        _import_torch()
+    except MissingDependency:
+        return
+    _tvm_torch_frontend()
 
 
 def parse_input_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
@@ -150,10 +165,18 @@ def parse_input_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_model(path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> ImportedModel:
+def load_model(
+    path: Path,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    allow_external_data: bool = True,
+    max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
+) -> ImportedModel:
     """Import an ONNX model or a torch.export program into Relax with every input shape static.
 
     ``input_shapes`` gives shapes for inputs with dynamic dimensions (and may restate static ones).
+    ``allow_external_data=False`` (an upload: one file, nothing beside it) refuses ONNX weights kept in
+    other files without looking at the file system; ``max_unpacked_bytes`` bounds a .pt2 archive.
     """
     path = Path(path)
     try:
@@ -162,8 +185,8 @@ def load_model(path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None = 
         raise InvalidSpec(f"input shapes must map input names to tuples of integers: {err}") from None
     fmt = detect_format(path)
     if fmt is ModelFormat.ONNX:
-        return _load_onnx(path, given)
-    return _load_torch(path, given)
+        return _load_onnx(path, given, allow_external_data)
+    return _load_torch(path, given, max_unpacked_bytes)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -175,11 +198,11 @@ def _read_head(path: Path, n: int) -> bytes:
         with path.open("rb") as f:
             return f.read(n)
     except FileNotFoundError:
-        raise InvalidModel(f"model file '{path}' does not exist") from None
+        raise InvalidModel(f"model file '{path.name}' does not exist") from None
     except IsADirectoryError:
-        raise InvalidModel(f"'{path}' is a directory, not a model file") from None
+        raise InvalidModel(f"'{path.name}' is a directory, not a model file") from None
     except OSError as err:
-        raise InvalidModel(f"could not read '{path}': {err.strerror or err}") from None
+        raise InvalidModel(f"could not read '{path.name}': {err.strerror or 'I/O error'}") from None
 
 
 def _classify_zip(path: Path) -> ModelFormat:
@@ -261,6 +284,11 @@ def _resolve_input_shapes(
         which = "its shape" if len(missing) == 1 else "their shapes"
         raise MissingInputShape(f"{'; '.join(missing)}; give {which}, e.g. {' '.join(suggestions)}")
     return shapes
+
+
+def check_given_shape(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` for the input ``spec`` declares, checked (rank, fixed dimensions); InvalidSpec otherwise."""
+    return _check_given_shape(spec, shape)
 
 
 def _check_given_shape(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -525,8 +553,12 @@ def _onnx_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
             yield from _onnx_tensors(sub)
 
 
-def _inline_external_data(model: onnx.ModelProto, path: Path) -> bool:
-    """Load tensors stored beside the file into the model; True when there were any."""
+def _inline_external_data(model: onnx.ModelProto, path: Path, allowed: bool) -> bool:
+    """Load tensors stored beside the file into the model; True when there were any.
+
+    Only relative locations inside the model's folder are read; when ``allowed`` is False (an upload)
+    any external tensor is refused with the same message, whatever the file system holds.
+    """
     from onnx import external_data_helper as ext
 
     tensors = [t for t in _onnx_tensors(model.graph) if ext.uses_external_data(t)]
@@ -537,10 +569,22 @@ def _inline_external_data(model: onnx.ModelProto, path: Path) -> bool:
                     tensors.append(attr.t)
     for tensor in tensors:
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not allowed:
+            raise InvalidModel(
+                f"'{path.name}' keeps tensor '{tensor.name}' in an external data file; an upload is one "
+                "file, so save the model with its weights inline: onnx.save(model, 'model.onnx', "
+                "save_as_external_data=False) (up to protobuf's 2 GiB)"
+            )
+        parts = Path(location).parts
+        if not location or Path(location).is_absolute() or ".." in parts or "\\" in location:
+            raise InvalidModel(
+                f"'{path.name}' keeps tensor '{tensor.name}' in external data at {location!r}, which is not "
+                "a relative path inside the model's folder"
+            )
         if not (path.parent / location).is_file():
             raise InvalidModel(
                 f"'{path.name}' keeps tensor '{tensor.name}' in an external data file '{location}', which "
-                f"is not next to it in '{path.parent}'"
+                "is not next to it"
             )
         try:
             # onnx refuses locations outside the model's directory (and symbolic links)
@@ -572,13 +616,13 @@ def _tvm_onnx_frontend() -> ModuleType:
     return importlib.import_module("tvm.relax.frontend.onnx")
 
 
-def _load_onnx(path: Path, given: dict[str, tuple[int, ...]]) -> ImportedModel:
+def _load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data: bool) -> ImportedModel:
     import onnx
 
     data = path.read_bytes()
     model = _parse_onnx(path, data)
     _check_onnx_opset(model, path.name)
-    if _inline_external_data(model, path):
+    if _inline_external_data(model, path, allow_external_data):
         try:
             canonical = model.SerializeToString()
         except ValueError as err:
@@ -639,7 +683,7 @@ def _load_onnx(path: Path, given: dict[str, tuple[int, ...]]) -> ImportedModel:
     outputs = _output_specs(mod, [o.name for o in model.graph.output])
     return ImportedModel(
         mod=mod,
-        signature=ModelSignature(inputs=inputs, outputs=outputs),
+        signature=ModelSignature(inputs=inputs, outputs=outputs, declared_inputs=declared.inputs),
         format=ModelFormat.ONNX,
         sha256=hashlib.sha256(canonical).hexdigest(),
         canonical_bytes=canonical,
@@ -651,6 +695,7 @@ def _load_onnx(path: Path, given: dict[str, tuple[int, ...]]) -> ImportedModel:
 
 
 def _import_torch() -> ModuleType:
+    force_weights_only_load()  # before torch reads anything: its loaders' fallbacks stay restricted
     try:
         import torch
     except ImportError:
@@ -664,7 +709,10 @@ def _import_torch() -> ModuleType:
     return torch
 
 
-def _load_torch_program(torch: ModuleType, path: Path) -> Any:
+def _load_torch_program(torch: ModuleType, path: Path, max_unpacked_bytes: int) -> Any:
+    """``torch.export.load`` of an archive that passed :mod:`tuner.pt2_archive`'s checks, pickle disabled."""
+    check_archive(path, max_unpacked_bytes)
+    check_pickled_members(torch, path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -803,10 +851,10 @@ def _bind_torch_shapes(
     return mod
 
 
-def _load_torch(path: Path, given: dict[str, tuple[int, ...]]) -> ImportedModel:
+def _load_torch(path: Path, given: dict[str, tuple[int, ...]], max_unpacked_bytes: int) -> ImportedModel:
     torch = _import_torch()
+    program = _load_torch_program(torch, path, max_unpacked_bytes)
     data = path.read_bytes()
-    program = _load_torch_program(torch, path)
     declared = _torch_signature(program, path.name)
 
     tvm_torch = _tvm_torch_frontend()
@@ -849,7 +897,7 @@ def _load_torch(path: Path, given: dict[str, tuple[int, ...]]) -> ImportedModel:
     outputs = _output_specs(mod, _torch_output_names(len(declared.outputs)))
     return ImportedModel(
         mod=mod,
-        signature=ModelSignature(inputs=inputs, outputs=outputs),
+        signature=ModelSignature(inputs=inputs, outputs=outputs, declared_inputs=declared.inputs),
         format=ModelFormat.TORCH_EXPORT,
         sha256=hashlib.sha256(data).hexdigest(),
         canonical_bytes=data,
@@ -858,6 +906,7 @@ def _load_torch(path: Path, given: dict[str, tuple[int, ...]]) -> ImportedModel:
 
 __all__ = [
     "MIN_ONNX_OPSET",
+    "check_given_shape",
     "UNKNOWN_RANK",
     "ImportedModel",
     "detect_format",

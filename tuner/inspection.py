@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-import threading
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import tuner
 from schedules._tvm import ms, s_tir
-from tuner.entities import FusionSummary, Job, ModelInfo, Task, TaskInfo
-from tuner.errors import NotFound
-from tuner.frontend import load_model
+from tuner.entities import FusionSummary, Job, ModelInfo, ModelPlan, PlanError, Task, TaskInfo
+from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
 from tuner.models import model_file
+from tuner.sandbox import Cancelled, ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
-from tuner.targets import canonical_target_key, resolve_target, to_tvm_target
-from tuner.tasks import plan_graph
+from tuner.targets import canonical_target_key, resolve_target
 
 
 @dataclass(frozen=True)
@@ -30,45 +30,74 @@ class BestSchedule:
     trace_json: Any
 
 
-@dataclass(frozen=True)
-class ModelPlan:
-    """A model's tuning tasks and fused graph on one target, before any tuning."""
-
-    target_key: str
-    tasks: list[TaskInfo]
-    fusion: FusionSummary
-    graph: str  # the Relax program after fusion, as TVMScript
-
-
-# Recently planned models (importing and fusing a model takes seconds); the oldest is dropped first.
-_PLAN_CACHE_SIZE = 32
-_plans: OrderedDict[tuple[str, str, str, str], ModelPlan] = OrderedDict()
-_plans_lock = threading.Lock()
-
-
 def plan_model(
-    store: Store, settings: Settings, model: ModelInfo, target: str | dict[str, Any], input_shapes: Any = None
+    store: Store,
+    settings: Settings,
+    sandbox: ModelSandbox,
+    model: ModelInfo,
+    target: str | dict[str, Any],
+    input_shapes: Any = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> ModelPlan:
-    """Import a stored model and extract its tasks for ``target`` (cached: models never change)."""
+    """A stored model's tasks and fused graph for ``target``: planned once in the sandbox, then kept.
+
+    A planning error that would come again (an unsupported form, a model too large for the memory
+    limit) is kept too and raised again; a timeout is not kept (the machine may have been busy).
+    """
     resolved = resolve_target(target)
-    key = (model.id, canonical_target_key(resolved), json.dumps(input_shapes or {}, sort_keys=True), "v1")
-    with _plans_lock:
-        cached = _plans.get(key)
-        if cached is not None:
-            _plans.move_to_end(key)
-            return cached
-    imported = load_model(model_file(store, settings, model.id), input_shapes or _static_shapes(model))
-    plan = plan_graph(
-        imported.mod, to_tvm_target(resolved), settings.weight_prepack, settings.cpu_conv_layout
+    target_key = canonical_target_key(resolved)
+    shapes = {str(k): [int(d) for d in v] for k, v in (input_shapes or _static_shapes(model)).items()}
+    key_data = {
+        "target": resolved,
+        "shapes": shapes,
+        "weight_prepack": settings.weight_prepack,
+        "conv_layout": settings.cpu_conv_layout,
+        "memory_mb": settings.import_memory_mb,
+        "kiln": tuner.__version__,
+    }
+    plan_key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()
+    stored = store.get_model_plan(model.id, plan_key)
+    if stored is None:
+        stored = _plan_in_sandbox(store, settings, sandbox, model, resolved, target_key, shapes, cancelled)
+        if not (isinstance(stored, PlanError) and stored.kind in _TRANSIENT_ERRORS):
+            store.add_model_plan(model.id, plan_key, stored)
+    if isinstance(stored, PlanError):
+        raise rebuild_error(stored.kind, stored.message)
+    return stored
+
+
+# Planning errors that may not come again: never kept.
+_TRANSIENT_ERRORS = frozenset({ImportTimeout.kind, Cancelled.kind, ImporterCrashed.kind})
+
+
+def _plan_in_sandbox(
+    store: Store,
+    settings: Settings,
+    sandbox: ModelSandbox,
+    model: ModelInfo,
+    target: dict[str, Any],
+    target_key: str,
+    shapes: dict[str, list[int]],
+    cancelled: Callable[[], bool] | None,
+) -> ModelPlan | PlanError:
+    args = {
+        "path": str(model_file(store, settings, model.id).resolve()),
+        "input_shapes": shapes or None,
+        "target": target,
+        "weight_prepack": settings.weight_prepack,
+        "conv_layout": settings.cpu_conv_layout,
+        "max_unpacked_mb": settings.max_unpacked_mb,
+    }
+    try:
+        result = sandbox.run("plan", args, cancelled)
+    except KilnError as err:
+        return PlanError(target_key, err.kind, err.message)
+    return ModelPlan(
+        target_key=target_key,
+        tasks=[TaskInfo(**t) for t in result["tasks"]],
+        fusion=FusionSummary(**result["fusion"]),
+        graph=result["graph"],
     )
-    result = ModelPlan(
-        target_key=key[1], tasks=list(plan.infos), fusion=plan.fusion, graph=plan.lowered.script()
-    )
-    with _plans_lock:
-        _plans[key] = result
-        while len(_plans) > _PLAN_CACHE_SIZE:
-            _plans.popitem(last=False)
-    return result
 
 
 def _static_shapes(model: ModelInfo) -> dict[str, tuple[int, ...]]:
@@ -101,4 +130,4 @@ def task_tir(store: Store, task: Task) -> str:
     return store.get_workload_script(task.workload_id)
 
 
-__all__ = ["BestSchedule", "ModelPlan", "best_schedule", "plan_model", "task_tir"]
+__all__ = ["BestSchedule", "best_schedule", "plan_model", "task_tir"]

@@ -33,16 +33,17 @@ from tuner.compile import (
 )
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelFormat, ModelInfo, Task
 from tuner.errors import Conflict, InvalidSpec, KilnError, MissingInputShape, TuningFailed
-from tuner.frontend import ImportedModel, load_model
+from tuner.frontend import ImportedModel, check_given_shape, load_model
 from tuner.measure import latency_in_fresh_process
 from tuner.models import model_file
 from tuner.rpc import check_runner, validate_runner
+from tuner.sandbox import SandboxLimits, is_out_of_memory, memory_limit
 from tuner.settings import Settings
 from tuner.store.ms_database import KilnDatabase
 from tuner.store.sql import Store
-from tuner.targets import canonical_target_key, is_host_cpu, resolve_target, to_tvm_target
+from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
 from tuner.tasks import GraphPlan, plan_graph
-from tuner.tune import Budget, MeasureConfig, TrialBatch, gflops, tune_tasks
+from tuner.tune import Budget, MeasureConfig, TrialBatch, check_cost_model, gflops, tune_tasks
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +82,15 @@ class JobResult:
 
 
 def submit_job(store: Store, spec: JobSpec, owner: str = "") -> Job:
-    """Validate a spec (model of ``owner``, target, budget, runner) and queue a job for it."""
+    """Validate a spec and queue a job for it: the model (of ``owner``), its input shapes against the
+    model's, the target (and that the local runner can run it here), the budget, runner and cost model."""
     model = store.get_model(spec.model_id, owner)
     _check_input_shapes(model, spec)
     target = resolve_target(spec.target)
     Budget(spec.trials, spec.max_trials_per_task, spec.seed)
-    validate_runner(spec.runner)
+    check_cost_model(spec.cost_model)
+    if validate_runner(spec.runner) is None:
+        check_runs_here(target)
     spec = JobSpec.from_dict({**spec.to_dict(), "target": target})
     return store.create_job(spec, canonical_target_key(target), owner)
 
@@ -103,6 +107,11 @@ def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
                 f"input '{t.name}' has dynamic dimensions {list(t.shape)}: give its shape in input_shapes, "
                 f'e.g. {{"{t.name}": {example}}}'
             )
+    declared = {t.name: t for t in model.signature.model_inputs}
+    for name, shape in spec.input_shapes.items():
+        if any(type(d) is not int for d in shape):
+            raise InvalidSpec(f"input_shapes['{name}'] must be integers, got {list(shape)}")
+        check_given_shape(declared[name], tuple(shape))
 
 
 def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
@@ -258,11 +267,22 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     spec = job.spec
     model = store.get_model(spec.model_id)
     listener.stage("importing")
-    imported = load_model(model_file(store, settings, model.id), _input_shapes(model, spec))
     target = to_tvm_target(spec.target)
-
-    listener.stage("extracting tasks")
-    plan = plan_graph(imported.mod, target, settings.weight_prepack, settings.cpu_conv_layout)
+    # The same memory bound as the sandbox's: a model that folds into gigabytes fails this job with the
+    # reason instead of exhausting the worker's machine.
+    try:
+        with memory_limit(settings.import_memory_mb):
+            imported = load_model(
+                model_file(store, settings, model.id),
+                _input_shapes(model, spec),
+                max_unpacked_bytes=settings.max_unpacked_mb << 20,
+            )
+            listener.stage("extracting tasks")
+            plan = plan_graph(imported.mod, target, settings.weight_prepack, settings.cpu_conv_layout)
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise SandboxLimits.from_settings(settings).too_much_memory() from None
+        raise
     database = KilnDatabase(store, job.target_key, job_id=job.id)
     tasks = _register_tasks(store, job, plan, database)
     trials_done = sum(t.trials for t in tasks)

@@ -1,17 +1,24 @@
-"""Model registration: validate an uploaded file by importing it, keep its bytes by sha256."""
+"""Model registration: validate an uploaded file by importing it (in the sandbox), keep its bytes by sha256."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
+import re
+import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from tuner.entities import ModelFormat, ModelInfo
-from tuner.frontend import ImportedModel, load_model
+from tuner.entities import ModelFormat, ModelInfo, ModelSignature
+from tuner.sandbox import ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
 
 BLOB_SUFFIX = {ModelFormat.ONNX: ".onnx", ModelFormat.TORCH_EXPORT: ".pt2"}
+# Where uploads are spooled while they are imported: one private folder per upload.
+UPLOAD_SPOOL_PREFIX = "upload-"
+_UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def register_model(
@@ -21,39 +28,86 @@ def register_model(
     name: str | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     owner: str = "",
+    *,
+    sandbox: ModelSandbox | None = None,
+    allow_external_data: bool = True,
+    cancelled: Callable[[], bool] | None = None,
 ) -> tuple[ModelInfo, bool]:
-    """Import ``path`` (raising a typed error if Kiln cannot use it) and store it once per sha256.
+    """Import ``path`` in the sandbox (raising a typed error if Kiln cannot use it) and store it once per
+    sha256. Returns the model and whether it was new. Nothing is written when the import fails.
 
-    Returns the model and whether it was new. Nothing is written when the import fails.
+    ``sandbox`` defaults to a one-off one (no warm process); ``allow_external_data=False`` for
+    uploads: an ONNX file's weights must be inline.
     """
-    imported = load_model(path, input_shapes)
-    existing = store.find_model_by_sha256(imported.sha256, owner)
-    if existing is not None:
-        return existing, False
-    blob_name = imported.sha256 + BLOB_SUFFIX[imported.format]
-    _write_blob(settings.blob_dir / blob_name, imported)
-    return store.add_model(
-        name=name or path.stem,
-        format=imported.format,
-        sha256=imported.sha256,
-        size_bytes=len(imported.canonical_bytes),
-        signature=imported.signature,
-        blob_path=blob_name,
-        owner=owner,
-    )
-
-
-def _write_blob(dest: Path, imported: ImportedModel) -> None:
-    if dest.exists():
-        return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Write then rename, so a crash never leaves a truncated blob under a valid sha256 name.
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".upload-")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(imported.canonical_bytes)
-    os.replace(tmp, dest)
+    args = {
+        "path": str(Path(path).resolve()),
+        "input_shapes": {k: list(v) for k, v in input_shapes.items()} if input_shapes else None,
+        "allow_external_data": allow_external_data,
+        "blob_dir": str(settings.blob_dir.resolve()),
+        "max_unpacked_mb": settings.max_unpacked_mb,
+    }
+    if sandbox is None:
+        with ModelSandbox(settings, warm_processes=0) as own:
+            found = own.run("inspect", args, cancelled)
+    else:
+        found = sandbox.run("inspect", args, cancelled)
+    tmp_blob = Path(found["blob_tmp"])
+    try:
+        fmt = ModelFormat(found["format"])
+        existing = store.find_model_by_sha256(found["sha256"], owner)
+        if existing is not None:
+            return existing, False
+        blob_name = found["sha256"] + BLOB_SUFFIX[fmt]
+        dest = settings.blob_dir / blob_name
+        if not dest.exists():
+            # Renamed whole, so a crash never leaves a truncated blob under a valid sha256 name.
+            os.replace(tmp_blob, dest)
+        return store.add_model(
+            name=name or path.stem,
+            format=fmt,
+            sha256=found["sha256"],
+            size_bytes=int(found["size_bytes"]),
+            signature=ModelSignature.from_dict(found["signature"]),
+            blob_path=blob_name,
+            owner=owner,
+        )
+    finally:
+        tmp_blob.unlink(missing_ok=True)
 
 
 def model_file(store: Store, settings: Settings, model_id: str) -> Path:
     """Path of a stored model's bytes."""
     return settings.blob_dir / store.model_blob_path(model_id)
+
+
+def safe_file_name(name: str | None, default: str) -> str:
+    """A plain base name (letters, digits, ``._-``; no path, not hidden) for a client's file name."""
+    base = (name or "").replace("\\", "/").rsplit("/", 1)[-1]
+    cleaned = _UNSAFE_NAME_CHARS.sub("_", base).strip("._")[-128:]
+    return cleaned or default
+
+
+def upload_spool(settings: Settings) -> Path:
+    """The folder uploads are spooled in while they are imported."""
+    return settings.data_dir / "uploads"
+
+
+def clean_upload_spools(settings: Settings, older_than_s: float) -> int:
+    """Remove spooled uploads left by a server that died mid-upload; returns how many were removed.
+
+    Only spools older than ``older_than_s`` go: another server sharing the data directory may be
+    importing the newer ones. Temporary blobs of imports that never finished go too.
+    """
+    removed = 0
+    cutoff = time.time() - older_than_s
+    leftovers = [*upload_spool(settings).glob(UPLOAD_SPOOL_PREFIX + "*")]
+    leftovers += [*settings.blob_dir.glob(".upload-*")]
+    for leftover in leftovers:
+        with contextlib.suppress(OSError):
+            if leftover.stat().st_mtime < cutoff:
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink()
+                removed += 1
+    return removed

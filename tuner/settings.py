@@ -47,6 +47,40 @@ class Settings(BaseSettings):
     insecure: bool = Field(
         default=False, description="Allow binding to a non-loopback address without any API token"
     )
+    auth: Literal["required", "off"] | None = Field(
+        default=None,
+        description=(
+            "Whether every /api request needs a token, decided once at start-up; default: required when "
+            "any token is configured or the server binds beyond loopback, else off"
+        ),
+    )
+    share_records: bool = Field(
+        default=False,
+        description=(
+            "Let every user's jobs start from every other user's tuning records (faster tuning, but it "
+            "reveals which kernel shapes others tuned); default: each owner sees only their own records"
+        ),
+    )
+
+    # Model handling (import, task preview, graph view) runs in bounded child processes.
+    import_memory_mb: int = Field(
+        default=3072, ge=64, description="Memory one model import or preview may allocate, in MiB"
+    )
+    import_timeout_s: float = Field(
+        default=120.0, gt=0, description="Wall-clock limit of one model import or preview, in seconds"
+    )
+    import_cpu_s: float | None = Field(
+        default=None, gt=0, description="CPU-time limit of one import or preview; default: the timeout"
+    )
+    import_concurrency: int = Field(
+        default=2, ge=1, description="Model imports and previews run at once; more wait for a slot"
+    )
+    import_warm_processes: int = Field(
+        default=1, ge=0, le=8, description="Importer processes kept started (TVM loaded) for the next upload"
+    )
+    max_unpacked_mb: int = Field(
+        default=4096, ge=1, description="Largest total uncompressed size of a .pt2 archive's members, in MiB"
+    )
     heartbeat_s: float = Field(default=5.0, gt=0, description="How often a worker heartbeats its job")
     stale_after_s: float = Field(
         default=60.0, gt=0, description="A running job whose heartbeat is older than this is requeued"

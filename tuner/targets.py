@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from typing import Any
 
 from schedules._tvm import Target, physical_core_count, tvm
 from tuner.errors import InvalidTarget
 
 SUPPORTED_KINDS = ("llvm", "cuda")
+#: More cores than any CPU target has: a larger ``num-cores`` is a mistake, not a machine.
+MAX_NUM_CORES = 1024
+# LLVM CPU features that are instruction sets (the others are scheduling hints such as "fast-gather").
+_ISA_FEATURE = re.compile(
+    r"^(avx|sse|ssse|amx|fma|f16c|bmi|gfni|vaes|vpclmulqdq|sha|aes|popcnt|lzcnt|adx|movbe|xop|tbm)"
+)
+_UNKNOWN_OPTION = re.compile(r"Unknown config option '([^']+)'\. Known options: ([^.]+)\.")
 # Attributes that change which schedule is best; a record is only reused when they all agree.
 _KEY_ATTRS = ("kind", "mtriple", "mcpu", "mattr", "num-cores", "arch", "max_num_threads")
 
@@ -49,18 +58,70 @@ def resolve_target(spec: str | dict[str, Any]) -> dict[str, Any]:
         raise InvalidTarget(f"target kind {kind!r} is not supported; use one of {', '.join(SUPPORTED_KINDS)}")
     if kind == "llvm":
         target.setdefault("num-cores", physical_core_count())
-        if not isinstance(target["num-cores"], int) or target["num-cores"] < 1:
-            raise InvalidTarget(f"target 'num-cores' must be a positive integer, got {target['num-cores']!r}")
+        cores = target["num-cores"]
+        if type(cores) is not int or cores < 1:
+            raise InvalidTarget(f"target 'num-cores' must be a positive integer, got {cores!r}")
+        if cores > MAX_NUM_CORES:
+            raise InvalidTarget(f"target 'num-cores' is {cores}; no CPU target has more than {MAX_NUM_CORES}")
     try:
         tvm_target = Target(target)
     except (ValueError, TypeError, RuntimeError) as exc:
-        raise InvalidTarget(f"invalid target {json.dumps(spec)}: {exc}") from exc
+        raise InvalidTarget(_target_error(spec, exc)) from None
     if kind == "llvm" and "mcpu" in target:
         triple = target.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()
         if not tvm.target.codegen.llvm_is_valid_cpu(target["mcpu"], triple):
             raise InvalidTarget(f"LLVM does not know the CPU {target['mcpu']!r} (target {json.dumps(spec)})")
     del tvm_target
     return target
+
+
+def _target_error(spec: Any, exc: Exception) -> str:
+    """TVM's complaint about a target as one line; an unknown key is named with the keys there are."""
+    text = " ".join(str(exc).split())
+    unknown = _UNKNOWN_OPTION.search(text)
+    if unknown:
+        return (
+            f"target key '{unknown.group(1)}' is not known for kind '{spec.get('kind')}'; "
+            f"its keys are {unknown.group(2)}"
+        )
+    last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    return f"invalid target {json.dumps(spec)}: {last[:300]}"
+
+
+def check_runs_here(target: dict[str, Any]) -> None:
+    """Refuse a resolved target whose code this machine cannot run (so the local runner cannot measure it)."""
+    here = tvm.target.codegen.llvm_get_system_triple().split("-")[0]
+    advice = "measure it on such a device through RPC: runner {'kind': 'rpc', 'tracker': ..., 'key': ...}"
+    if target.get("kind") != "llvm":
+        raise InvalidTarget(
+            f"the local runner measures on this machine's {here} CPU, not on a '{target.get('kind')}' "
+            f"device; {advice}"
+        )
+    triple = target.get("mtriple")
+    if triple and str(triple).split("-")[0] != here:
+        raise InvalidTarget(f"target triple '{triple}' is not this machine's {here} CPU; {advice}")
+    cores = int(target.get("num-cores", 1))
+    if cores > (os.cpu_count() or 1):
+        raise InvalidTarget(
+            f"target 'num-cores' is {cores}, but this machine has {os.cpu_count()} logical CPUs for the "
+            "local runner to measure on"
+        )
+    mcpu = target.get("mcpu")
+    if mcpu and mcpu != tvm.target.codegen.llvm_get_system_cpu():
+        have = _isa_features(host_target())
+        missing = sorted(_isa_features(target) - have)
+        if missing:
+            raise InvalidTarget(
+                f"target CPU '{mcpu}' uses instructions this machine's CPU lacks ({', '.join(missing[:8])}); "
+                f"its code cannot run here: use 'host', or {advice}"
+            )
+
+
+def _isa_features(target: dict[str, Any]) -> set[str]:
+    features = tvm.target.codegen.llvm_get_cpu_features(
+        Target({k: v for k, v in target.items() if k != "num-cores"})
+    )
+    return {str(f) for f in features if _ISA_FEATURE.match(str(f))}
 
 
 def to_tvm_target(target: dict[str, Any]) -> Target:

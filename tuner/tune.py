@@ -37,6 +37,11 @@ class Budget:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name, value in (("trials", self.trials), ("seed", self.seed)):
+            if type(value) is not int:
+                raise InvalidSpec(f"{name} must be an integer, got {value!r}")
+        if self.max_trials_per_task is not None and type(self.max_trials_per_task) is not int:
+            raise InvalidSpec(f"max trials per task must be an integer, got {self.max_trials_per_task!r}")
         if self.trials < 0:
             raise InvalidSpec(f"trials must be >= 0, got {self.trials}")
         if self.max_trials_per_task is not None and self.max_trials_per_task < 1:
@@ -95,17 +100,26 @@ def make_runner(config: MeasureConfig) -> Any:
     raise InvalidSpec(f"unknown runner kind {kind!r}; use 'local' or 'rpc'")
 
 
+#: The cost models a job may ask for.
+COST_MODELS = ("xgb", "random")
+
+
+def check_cost_model(name: str) -> None:
+    """Refuse a cost model Kiln does not have (at submit, not later on a worker)."""
+    if name not in COST_MODELS:
+        raise InvalidSpec(f"unknown cost model {name!r}; use one of {', '.join(map(repr, COST_MODELS))}")
+
+
 def make_cost_model(name: str, cores: int) -> Any:
     """XGBoost (default) or random cost model."""
+    check_cost_model(name)
     if name == "xgb":
         return ms.cost_model.XGBModel(
             extractor=ms.feature_extractor.PerStoreFeature(),
             adaptive_training=True,
             num_tuning_cores=cores,
         )
-    if name == "random":
-        return ms.cost_model.RandomModel()
-    raise InvalidSpec(f"unknown cost model {name!r}; use 'xgb' or 'random'")
+    return ms.cost_model.RandomModel()
 
 
 def _latency_us(result: Any) -> tuple[float | None, str | None]:

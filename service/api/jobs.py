@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from sse_starlette.sse import EventSourceResponse
 
 from service.deps import OwnerDep, StateDep
+from service.disconnect import while_connected
 from service.schemas import (
     BestOut,
     CurveOut,
@@ -29,10 +30,11 @@ from service.schemas import (
     TaskOut,
 )
 from tuner.artifact import records_tarball
-from tuner.entities import Job, JobSpec, JobStatus, Task
+from tuner.entities import Job, JobSpec, JobStatus, ModelPlan, Task
 from tuner.errors import Conflict, NotFound
 from tuner.inspection import best_schedule, plan_model, task_tir
 from tuner.job import submit_job
+from tuner.models import safe_file_name
 from tuner.store.sql import Store
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -187,12 +189,17 @@ def job_curve(job_id: str, state: StateDep, owner: OwnerDep) -> JobCurveOut:
     responses=ERRORS,
     summary="The model's Relax program after fusion on the job's target, and the fusion summary",
 )
-def job_graph(job_id: str, state: StateDep, owner: OwnerDep) -> GraphOut:
-    job = state.store.get_job(job_id, owner)
-    model = state.store.get_model(job.spec.model_id)
-    shapes = {k: list(v) for k, v in job.spec.input_shapes.items()} or None
-    plan = plan_model(state.store, state.settings, model, job.spec.target, shapes)
-    return GraphOut(target_key=plan.target_key, fusion=FusionOut.of(plan.fusion), graph=plan.graph)
+async def job_graph(request: Request, job_id: str, state: StateDep, owner: OwnerDep) -> GraphOut:
+    def plan(client_gone: Callable[[], bool]) -> ModelPlan:
+        job = state.store.get_job(job_id, owner)
+        model = state.store.get_model(job.spec.model_id)
+        shapes = {k: list(v) for k, v in job.spec.input_shapes.items()} or None
+        return plan_model(
+            state.store, state.settings, state.sandbox, model, job.spec.target, shapes, client_gone
+        )
+
+    found = await while_connected(request, plan)
+    return GraphOut(target_key=found.target_key, fusion=FusionOut.of(found.fusion), graph=found.graph)
 
 
 @router.get(
@@ -278,7 +285,7 @@ def job_artifact(job_id: str, state: StateDep, owner: OwnerDep) -> FileResponse:
     return FileResponse(
         path,
         media_type="application/gzip",
-        filename=f"{model.name}-{job.id[:8]}.tar.gz",
+        filename=safe_file_name(f"{model.name}-{job.id[:8]}.tar.gz", f"model-{job.id[:8]}.tar.gz"),
         headers={"X-Kiln-Sha256": artifact.sha256},
     )
 

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Query, Response, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
+from fastapi.concurrency import run_in_threadpool
 
 from service.deps import OwnerDep, StateDep
+from service.disconnect import while_connected
 from service.schemas import ErrorOut, ModelOut, ModelTasksOut
+from tuner.entities import ModelInfo, ModelPlan
 from tuner.errors import InvalidSpec
 from tuner.inspection import plan_model
-from tuner.models import register_model
+from tuner.models import UPLOAD_SPOOL_PREFIX, register_model, safe_file_name, upload_spool
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])
 
@@ -25,7 +28,6 @@ ERRORS = {
     413: {"model": ErrorOut},
     422: {"model": ErrorOut},
 }
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]] | None:
@@ -55,7 +57,8 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]] | None:
     responses={**ERRORS, 200: {"model": ModelOut, "description": "The same bytes were uploaded before"}},
     summary="Upload an ONNX model or a torch.export program (.pt2)",
 )
-def upload_model(
+async def upload_model(
+    request: Request,
     state: StateDep,
     owner: OwnerDep,
     response: Response,
@@ -64,29 +67,41 @@ def upload_model(
     input_shapes: Annotated[str | None, Form(description='JSON, e.g. {"x": [1, 3, 224, 224]}')] = None,
 ) -> ModelOut:
     shapes = parse_shapes(input_shapes)
-    filename = _SAFE_NAME.sub("_", Path(file.filename or "model.onnx").name)[-128:] or "model.onnx"
-    uploads = state.settings.data_dir / "uploads"
-    uploads.mkdir(parents=True, exist_ok=True)
+    filename = safe_file_name(file.filename, "model.onnx")
+    spool = upload_spool(state.settings)
+    spool.mkdir(parents=True, exist_ok=True)
     # The importer tells formats apart by content and suffix, and names the file in its errors: keep
     # the client's file name (never its path) in a private directory.
-    tmp_dir = Path(tempfile.mkdtemp(dir=uploads, prefix="upload-"))
+    tmp_dir = Path(tempfile.mkdtemp(dir=spool, prefix=UPLOAD_SPOOL_PREFIX))
     try:
         path = tmp_dir / filename
-        with path.open("wb") as out:
-            shutil.copyfileobj(file.file, out, length=1 << 20)
-        model, created = register_model(
-            state.store,
-            state.settings,
-            path,
-            name=name or path.stem or "model",
-            input_shapes=shapes,
-            owner=owner,
-        )
+        await run_in_threadpool(_spool, file, path)
+
+        def register(client_gone: Callable[[], bool]) -> tuple[ModelInfo, bool]:
+            return register_model(
+                state.store,
+                state.settings,
+                path,
+                name=name or path.stem or "model",
+                input_shapes=shapes,
+                owner=owner,
+                sandbox=state.sandbox,
+                allow_external_data=False,
+                cancelled=client_gone,
+            )
+
+        model, created = await while_connected(request, register)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     if not created:
         response.status_code = 200
     return ModelOut.of(model)
+
+
+def _spool(file: UploadFile, path: Path) -> None:
+    file.file.seek(0)
+    with path.open("wb") as out:
+        shutil.copyfileobj(file.file, out, length=1 << 20)
 
 
 @router.get("", response_model=list[ModelOut], responses=ERRORS, summary="List models, newest first")
@@ -105,7 +120,8 @@ def get_model(model_id: str, state: StateDep, owner: OwnerDep) -> ModelOut:
     responses=ERRORS,
     summary="Preview the fused kernels (tuning tasks) of a model on a target, without tuning",
 )
-def model_tasks(
+async def model_tasks(
+    request: Request,
     model_id: str,
     state: StateDep,
     owner: OwnerDep,
@@ -114,6 +130,11 @@ def model_tasks(
         str | None, Query(description='JSON, e.g. {"x": [1, 16]}', max_length=4096)
     ] = None,
 ) -> ModelTasksOut:
-    model = state.store.get_model(model_id, owner)
-    plan = plan_model(state.store, state.settings, model, target, parse_shapes(input_shapes))
-    return ModelTasksOut.of(model.id, plan.target_key, plan.tasks, plan.fusion)
+    shapes = parse_shapes(input_shapes)
+
+    def plan(client_gone: Callable[[], bool]) -> ModelPlan:
+        model = state.store.get_model(model_id, owner)
+        return plan_model(state.store, state.settings, state.sandbox, model, target, shapes, client_gone)
+
+    found = await while_connected(request, plan)
+    return ModelTasksOut.of(model_id, found.target_key, found.tasks, found.fusion)

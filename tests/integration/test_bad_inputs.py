@@ -94,7 +94,7 @@ def test_dynamic_dimension_needs_a_shape(store: Store, settings: Settings, tmp_p
         ({"kind": "opencl-fpga"}, "not supported"),
         ({"kind": "llvm", "mcpu": "pentium-9000"}, "does not know the CPU 'pentium-9000'"),
         ({"kind": "llvm", "num-cores": 0}, "positive integer"),
-        ({"kind": "llvm", "bogus-option": 1}, "Unknown config option"),
+        ({"kind": "llvm", "bogus-option": 1}, "target key 'bogus-option' is not known for kind 'llvm'"),
     ],
 )
 def test_bad_target_creates_no_job(

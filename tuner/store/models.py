@@ -178,6 +178,25 @@ class ArtifactRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class ModelPlanRow(Base):
+    """A model's task preview on one target (and shapes), computed once in the sandbox: its outcome, or
+    the error that planning it ended with (so a model that cannot be planned is not retried per request)."""
+
+    __tablename__ = "model_plans"
+    __table_args__ = (sa.Index("uq_model_plans_model_id_plan_key", "model_id", "plan_key", unique=True),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(sa.ForeignKey("models.id", ondelete="CASCADE"))
+    plan_key: Mapped[str] = mapped_column(sa.String(64))
+    target_key: Mapped[str] = mapped_column(sa.String(512))
+    error_kind: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    tasks_json: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    fusion_json: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    graph: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class ApiTokenRow(Base):
     """A bearer token of the REST API; only its sha256 is stored. ``name`` owns models and jobs."""
 

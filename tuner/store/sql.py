@@ -6,6 +6,7 @@ pool of workers). The schema is owned by alembic; :meth:`Store.ensure_schema` re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -28,14 +29,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.entities import (
     Artifact,
+    FusionSummary,
     Job,
     JobSpec,
     JobStatus,
     ModelFormat,
     ModelInfo,
+    ModelPlan,
     ModelSignature,
+    PlanError,
     Record,
     Task,
+    TaskInfo,
 )
 from tuner.errors import Conflict, NotFound, SchemaOutdated
 from tuner.store.models import (
@@ -45,6 +50,7 @@ from tuner.store.models import (
     ArtifactRow,
     Base,
     JobRow,
+    ModelPlanRow,
     ModelRow,
     TaskRow,
     TuningRecordRow,
@@ -1009,6 +1015,42 @@ class Store:
                 )
             )
             return float(best) * 1e6 if best is not None else None
+
+    # ---- model plans -------------------------------------------------------------------------------
+
+    def get_model_plan(self, model_id: str, plan_key: str) -> ModelPlan | PlanError | None:
+        """The stored outcome of planning a model under ``plan_key`` (target, shapes, passes), if any."""
+        with self.session_scope(write=False) as s:
+            row = s.scalar(
+                sa.select(ModelPlanRow).where(
+                    ModelPlanRow.model_id == model_id, ModelPlanRow.plan_key == plan_key
+                )
+            )
+            if row is None:
+                return None
+            if row.error_kind is not None:
+                return PlanError(row.target_key, row.error_kind, row.error_message or "")
+            return ModelPlan(
+                target_key=row.target_key,
+                tasks=[TaskInfo(**t) for t in json.loads(row.tasks_json or "[]")],
+                fusion=FusionSummary(**json.loads(row.fusion_json or "{}")),
+                graph=row.graph or "",
+            )
+
+    def add_model_plan(self, model_id: str, plan_key: str, outcome: ModelPlan | PlanError) -> None:
+        """Keep a model's plan (or planning error); a plan stored meanwhile by another request wins."""
+        row = ModelPlanRow(model_id=model_id, plan_key=plan_key, target_key=outcome.target_key)
+        if isinstance(outcome, PlanError):
+            row.error_kind, row.error_message = outcome.kind, outcome.message
+        else:
+            row.tasks_json = json.dumps([dataclasses.asdict(t) for t in outcome.tasks])
+            row.fusion_json = json.dumps(dataclasses.asdict(outcome.fusion))
+            row.graph = outcome.graph
+        try:
+            with self.session_scope() as s:
+                s.add(row)
+        except Conflict:
+            pass
 
     # ---- artifacts ---------------------------------------------------------------------------------
 

@@ -1,0 +1,309 @@
+"""The model sandbox: everything that parses or transforms a user's model runs in a bounded child process.
+
+A model file is untrusted input to large C++ code (protobuf, PyTorch, TVM's importers and passes): a
+small file can ask for gigabytes (a ``ConstantOfShape`` folded into a constant), hours (a 50,000-node
+chain), or crash the process. :class:`ModelSandbox` runs each such request (``inspect`` an upload,
+``plan`` a preview) in a fresh interpreter of its own (``python -m tuner.sandbox_child``) with
+
+- a memory limit (``RLIMIT_DATA``: the memory the request may allocate on top of the importer's runtime),
+- a CPU-time limit (``RLIMIT_CPU``) and a wall-clock timeout,
+- its own process group, killed when a limit is hit, when the caller gives up (the client went away),
+  or when this process dies (the child exits when its stdin closes),
+
+and at most ``KILN_IMPORT_CONCURRENCY`` of them at once. A child serves one request and exits, so no
+state (TVM's global ``BlockBuilder`` stack, fragmented memory) passes from one model to the next. To keep
+uploads quick, ``KILN_IMPORT_WARM_PROCESSES`` children are started ahead of time: they load TVM, then
+wait for a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import psutil
+
+from tuner.errors import ImporterCrashed, ImportTimeout, InvalidModel, KilnError, ModelTooLarge, rebuild_error
+from tuner.pt2_archive import WEIGHTS_ONLY_ENV
+from tuner.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2
+# The most of a child's stderr kept for the log when it crashes.
+_STDERR_TAIL = 4000
+
+
+class Cancelled(KilnError):
+    """The caller gave up on a sandboxed request (the HTTP client went away)."""
+
+    kind = "cancelled"
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one sandboxed request may use."""
+
+    memory_mb: int
+    cpu_s: float
+    timeout_s: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SandboxLimits:
+        return cls(
+            memory_mb=settings.import_memory_mb,
+            cpu_s=settings.import_cpu_s or settings.import_timeout_s,
+            timeout_s=settings.import_timeout_s,
+        )
+
+    def too_much_memory(self) -> ModelTooLarge:
+        return ModelTooLarge(
+            f"model too large to import within {self.memory_mb} MiB of memory (KILN_IMPORT_MEMORY_MB)"
+        )
+
+    def too_long(self, what: str) -> ImportTimeout:
+        return ImportTimeout(f"import took longer than {what} (KILN_IMPORT_TIMEOUT_S, KILN_IMPORT_CPU_S)")
+
+
+class ModelSandbox:
+    """Runs model requests in bounded child processes; thread-safe, one instance per service or command."""
+
+    def __init__(self, settings: Settings, *, warm_processes: int | None = None) -> None:
+        self.limits = SandboxLimits.from_settings(settings)
+        self._slots = threading.BoundedSemaphore(settings.import_concurrency)
+        self._warm = settings.import_warm_processes if warm_processes is None else warm_processes
+        self._spares: list[_Child] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, op: str, args: dict[str, Any], cancelled: Callable[[], bool] | None = None) -> Any:
+        """Run ``op`` (see :mod:`tuner.sandbox_child`) on ``args`` in a child; its result, or its typed error.
+
+        Raises :class:`ModelTooLarge` or :class:`ImportTimeout` at a limit, :class:`Cancelled` when
+        ``cancelled()`` turns true, :class:`InvalidModel` when the child crashes.
+        """
+        gave_up = cancelled or (lambda: False)
+        while not self._slots.acquire(timeout=_POLL_S):
+            if gave_up():
+                raise Cancelled("the request was abandoned while waiting for an importer")
+        try:
+            child = self._take()
+            try:
+                return self._drive(child, op, args, gave_up)
+            finally:
+                child.kill()
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        """Stop the warm children; later requests still work (they start their own)."""
+        with self._lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+        for child in spares:
+            child.kill()
+
+    def __enter__(self) -> ModelSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- children ----------------------------------------------------------------------------------
+
+    def _take(self) -> _Child:
+        """A started child (a warm one if any is alive), and warm ones started for the next requests."""
+        with self._lock:
+            child = None
+            while self._spares and child is None:
+                candidate = self._spares.pop(0)
+                if candidate.alive():
+                    child = candidate
+                else:
+                    candidate.kill()
+            if not self._closed:
+                while len(self._spares) < self._warm:
+                    self._spares.append(_Child.start())
+        return child or _Child.start()
+
+    def _drive(self, child: _Child, op: str, args: dict[str, Any], gave_up: Callable[[], bool]) -> Any:
+        limits = self.limits
+        request = {
+            "op": op,
+            "args": args,
+            "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s},
+        }
+        try:
+            child.send(json.dumps(request))
+        except OSError:
+            raise InvalidModel("the importer process could not be started") from None
+        deadline = time.monotonic() + limits.timeout_s
+        output = child.read_result(deadline, gave_up)
+        if output is None:
+            if gave_up():
+                raise Cancelled("the request was abandoned; its importer was stopped")
+            raise limits.too_long(f"{limits.timeout_s:g} s")
+        status = child.wait()
+        if not output:
+            raise self._crash(child, status)
+        reply = json.loads(output)
+        if "ok" in reply:
+            return reply["ok"]
+        error = reply["error"]
+        if error["kind"] == "memory":
+            raise limits.too_much_memory()
+        if error["kind"] == "cpu_time":
+            raise limits.too_long(f"{limits.cpu_s:g} s of CPU time")
+        raise rebuild_error(error["kind"], error["message"], error.get("details"))
+
+    def _crash(self, child: _Child, status: int) -> KilnError:
+        if status in (-signal.SIGXCPU, -signal.SIGKILL) and child.cpu_s >= self.limits.cpu_s - 2 * _POLL_S:
+            return self.limits.too_long(f"{self.limits.cpu_s:g} s of CPU time")
+        what = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with code {status}"
+        log.warning("importer process %s; its stderr ends with:\n%s", what, child.stderr_tail())
+        return ImporterCrashed(
+            f"the importer process {what} while reading this model (within the limits of "
+            f"{self.limits.memory_mb} MiB and {self.limits.timeout_s:g} s); the server is unaffected"
+        )
+
+
+class _Child:
+    """One importer process: started with TVM loading, then given exactly one request."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], stderr: IO[bytes]) -> None:
+        self.proc = proc
+        self._stderr = stderr
+        self.cpu_s = 0.0  # CPU time the request has used, as last seen (the limit counts from the request)
+        self._cpu_at_request: float | None = None
+
+    @classmethod
+    def start(cls) -> _Child:
+        env = {**os.environ, WEIGHTS_ONLY_ENV: "1"}
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 - kept for the life of the child, closed by kill()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.sandbox_child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,  # its own group: killing it stops anything it started
+            close_fds=True,
+        )
+        return cls(proc, stderr)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _cpu_total(self) -> float | None:
+        try:
+            times = psutil.Process(self.proc.pid).cpu_times()
+        except psutil.Error:
+            return None
+        return float(times.user + times.system)
+
+    def send(self, request: str) -> None:
+        assert self.proc.stdin is not None
+        self._cpu_at_request = self._cpu_total()
+        # stdin stays open: it is the child's lifeline (EOF ends it), closed by kill().
+        self.proc.stdin.write(request.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def read_result(self, deadline: float, gave_up: Callable[[], bool]) -> bytes | None:
+        """Everything the child writes to stdout until it closes it; None at the deadline or on give-up."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        chunks: list[bytes] = []
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or gave_up():
+                    return None
+                total = self._cpu_total()
+                if total is not None and self._cpu_at_request is not None:
+                    self.cpu_s = total - self._cpu_at_request
+                if not selector.select(timeout=min(_POLL_S, remaining)):
+                    continue
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+
+    def wait(self) -> int:
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.returncode
+
+    def stderr_tail(self) -> str:
+        with contextlib.suppress(OSError, ValueError):
+            self._stderr.seek(0, os.SEEK_END)
+            size = self._stderr.tell()
+            self._stderr.seek(max(0, size - _STDERR_TAIL))
+            return self._stderr.read().decode(errors="replace")
+        return ""
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            self._stderr.close()
+
+
+@contextlib.contextmanager
+def memory_limit(memory_mb: int) -> Iterator[None]:
+    """Bound what this process may allocate while the block runs (``RLIMIT_DATA``: now + ``memory_mb``).
+
+    For model handling inside a process that must go on afterwards (a job's tuning process): allocations
+    past the limit fail (``MemoryError``, ``std::bad_alloc``) instead of exhausting the machine.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    wanted = data_segment_bytes() + (memory_mb << 20)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (wanted, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def data_segment_bytes() -> int:
+    """This process's data segment (``VmData``): what ``RLIMIT_DATA`` counts."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) << 10
+    return 0
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether an exception is an allocation failure (Python's, numpy's or a C++ ``std::bad_alloc``)."""
+    if isinstance(error, MemoryError):
+        return True
+    text = str(error)
+    return "bad_alloc" in text or "Cannot allocate memory" in text or "Unable to allocate" in text
+
+
+__all__ = ["Cancelled", "ModelSandbox", "SandboxLimits", "is_out_of_memory", "memory_limit"]
