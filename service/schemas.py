@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from tuner.entities import FusionSummary, Job, JobStatus, ModelInfo, Task, TaskInfo, TensorSpec
 
@@ -119,12 +119,12 @@ class JobIn(BaseModel):
     target: str | dict[str, Any] = Field(
         default="host", description="'host' (the workers' CPU) or a TVM target as a JSON object"
     )
-    trials: int = Field(default=64, ge=0, le=100_000, description="Measured trials over all tasks")
-    max_trials_per_task: int | None = Field(default=None, ge=1, le=100_000)
+    trials: StrictInt = Field(default=64, ge=0, le=100_000, description="Measured trials over all tasks")
+    max_trials_per_task: StrictInt | None = Field(default=None, ge=1, le=100_000)
     runner: Runner = Field(default_factory=LocalRunner)
     cost_model: Literal["xgb", "random"] = "xgb"
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    input_shapes: dict[str, list[Annotated[int, Field(ge=1, le=1 << 20)]]] | None = Field(
+    seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
+    input_shapes: dict[str, list[Annotated[StrictInt, Field(ge=1, le=1 << 20)]]] | None = Field(
         default=None, description="Shapes for inputs with dynamic dimensions, e.g. {'x': [1, 3, 224, 224]}"
     )
 

@@ -343,7 +343,8 @@ def export(
         from tuner.artifact import write_records
 
         workload_ids = [t.workload_id for t in store.list_tasks(job.id)]
-        rows = store.all_records(job.target_key, workload_ids=workload_ids, valid_only=True)
+        scope = _State.settings.record_scope(job.owner)
+        rows = store.all_records(job.target_key, workload_ids=workload_ids, valid_only=True, owner=scope)
         count = write_records(rows, out, per_workload=sys.maxsize)
         console.print(f"{count} records -> {out}/database_workload.json, {out}/database_tuning_record.json")
     else:

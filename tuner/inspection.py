@@ -104,9 +104,10 @@ def _static_shapes(model: ModelInfo) -> dict[str, tuple[int, ...]]:
     return {t.name: tuple(int(d) for d in t.shape) for t in model.signature.inputs if t.is_static}
 
 
-def best_schedule(store: Store, job: Job, task: Task) -> BestSchedule:
-    """The fastest valid record of a task on the job's target, applied to the task's TIR."""
-    found = store.best_record(task.workload_id, job.target_key)
+def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) -> BestSchedule:
+    """The fastest valid record of a task on the job's target (among ``scope``'s records: see
+    :meth:`Settings.record_scope`), applied to the task's TIR."""
+    found = store.best_record(task.workload_id, job.target_key, scope)
     if found is None:
         raise NotFound(f"task '{task.name}' has no successfully measured schedule yet")
     workload_json, record_json, mean_run_sec = found

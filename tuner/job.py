@@ -283,8 +283,9 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
         if is_out_of_memory(exc):
             raise SandboxLimits.from_settings(settings).too_much_memory() from None
         raise
-    database = KilnDatabase(store, job.target_key, job_id=job.id)
-    tasks = _register_tasks(store, job, plan, database)
+    scope = settings.record_scope(job.owner)
+    database = KilnDatabase(store, job.target_key, job_id=job.id, owner=scope)
+    tasks = _register_tasks(store, job, plan, database, scope)
     trials_done = sum(t.trials for t in tasks)
     remaining = max(0, spec.trials - trials_done)
     progress = _Progress(store, job.id, tasks, spec.trials, listener, trials_done)
@@ -325,7 +326,8 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     listener.stage("packaging")
     tasks = store.list_tasks(job.id)
     manifest = _manifest(job, model, imported, plan, tasks, latency, comparisons, settings)
-    rows = store.all_records(job.target_key, workload_ids=[t.workload_id for t in tasks], valid_only=True)
+    workload_ids = [t.workload_id for t in tasks]
+    rows = store.all_records(job.target_key, workload_ids=workload_ids, valid_only=True, owner=scope)
     packed = pack_artifact(tuned_lib, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
     shutil.rmtree(build_dir, ignore_errors=True)
     artifact = store.add_artifact(job.id, str(packed.path.resolve()), packed.sha256, packed.size_bytes)
@@ -339,10 +341,12 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
 
 
-def _register_tasks(store: Store, job: Job, plan: GraphPlan, database: KilnDatabase) -> list[Task]:
+def _register_tasks(
+    store: Store, job: Job, plan: GraphPlan, database: KilnDatabase, scope: str | None
+) -> list[Task]:
     existing = store.list_tasks(job.id)
     if existing:
-        return _resumed_tasks(store, job, existing)
+        return _resumed_tasks(store, job, existing, scope)
     rows = [
         {
             "name": info.name,
@@ -356,17 +360,17 @@ def _register_tasks(store: Store, job: Job, plan: GraphPlan, database: KilnDatab
     # A workload tuned by an earlier job on this target starts from its best record.
     warm = []
     for task in tasks:
-        best = store.best_latency_us(task.workload_id, job.target_key)
+        best = store.best_latency_us(task.workload_id, job.target_key, scope)
         warm.append(store.update_task(task.id, trials=0, best_latency_us=best) if best is not None else task)
     return warm
 
 
-def _resumed_tasks(store: Store, job: Job, tasks: list[Task]) -> list[Task]:
+def _resumed_tasks(store: Store, job: Job, tasks: list[Task], scope: str | None) -> list[Task]:
     """A rerun job's tasks, their trials recounted from the records the earlier attempts committed."""
     measured = store.job_trial_counts(job.id)
     resumed = []
     for task in tasks:
-        best = store.best_latency_us(task.workload_id, job.target_key)
+        best = store.best_latency_us(task.workload_id, job.target_key, scope)
         resumed.append(
             store.update_task(task.id, trials=measured.get(task.workload_id, 0), best_latency_us=best)
         )

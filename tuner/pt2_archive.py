@@ -17,6 +17,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +37,8 @@ WEIGHTS_ONLY_ENV = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 _PAYLOAD_CONFIG_DIRS = ("data/weights/", "data/constants/")
 # Constants torch reads as raw tensor bytes; anything else (custom or opaque objects) is unpickled.
 _TENSOR_CONSTANT_PREFIX = "tensor_"
+# How PyTorch's restricted unpickler names the callable it refused.
+_UNSAFE_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
 def force_weights_only_load() -> None:
@@ -76,10 +79,12 @@ def check_pickled_members(torch: ModuleType, path: Path) -> None:
             try:
                 torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
             except Exception as err:  # noqa: BLE001 - pickle, torch and zip errors alike
+                found = _UNSAFE_GLOBAL.search(str(err))
+                refers = f" (it calls {found.group(1)})" if found else ""
                 raise InvalidModel(
                     f"'{path.name}': archive member '{_member(info.filename)}' needs unpickling arbitrary "
-                    f"Python objects, which Kiln refuses for safety (only tensors may be pickled): "
-                    f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__}"
+                    f"Python objects{refers}, which Kiln refuses for safety: only tensors and plain "
+                    "containers may be pickled in a program Kiln loads"
                 ) from None
 
 

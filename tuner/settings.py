@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     )
     rpc_timeout_s: float = Field(default=10.0, gt=0, description="Connect timeout to the RPC tracker")
 
+    def record_scope(self, owner: str) -> str | None:
+        """Whose tuning records a job of ``owner`` reads and shows: its owner's, or all (KILN_SHARE_RECORDS)."""
+        return None if self.share_records else owner
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -156,7 +156,9 @@ def job_curve(job_id: str, state: StateDep, owner: OwnerDep) -> JobCurveOut:
     warm: dict[int, float] = {}
     if timeline:
         for t in tasks:
-            best = store.best_latency_before(t.workload_id, job.target_key, timeline[0][0])
+            best = store.best_latency_before(
+                t.workload_id, job.target_key, timeline[0][0], state.settings.record_scope(job.owner)
+            )
             if best is not None:
                 warm[t.id] = best
     bests: dict[int, float] = dict(warm)
@@ -211,7 +213,7 @@ async def job_graph(request: Request, job_id: str, state: StateDep, owner: Owner
 def task_best(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> BestOut:
     job = state.store.get_job(job_id, owner)
     task = _task(state.store, job, task_id)
-    best = best_schedule(state.store, job, task)
+    best = best_schedule(state.store, job, task, state.settings.record_scope(job.owner))
     return BestOut(
         task_id=task.id,
         name=task.name,
@@ -299,7 +301,12 @@ def job_artifact(job_id: str, state: StateDep, owner: OwnerDep) -> FileResponse:
 def job_records(job_id: str, state: StateDep, owner: OwnerDep) -> Response:
     job = state.store.get_job(job_id, owner)
     workload_ids = [t.workload_id for t in state.store.list_tasks(job.id)]
-    rows = state.store.all_records(job.target_key, workload_ids=workload_ids, valid_only=True)
+    rows = state.store.all_records(
+        job.target_key,
+        workload_ids=workload_ids,
+        valid_only=True,
+        owner=state.settings.record_scope(job.owner),
+    )
     return Response(
         records_tarball(rows),
         media_type="application/gzip",

@@ -67,6 +67,11 @@ async def upload_model(
     input_shapes: Annotated[str | None, Form(description='JSON, e.g. {"x": [1, 3, 224, 224]}')] = None,
 ) -> ModelOut:
     shapes = parse_shapes(input_shapes)
+    given = (file.filename or "").replace("\\", "/").rsplit("/", 1)[-1]
+    if given in (".", ".."):
+        raise InvalidSpec(
+            f"the upload's file name {file.filename!r} is not a file name; send e.g. 'model.onnx'"
+        )
     filename = safe_file_name(file.filename, "model.onnx")
     spool = upload_spool(state.settings)
     spool.mkdir(parents=True, exist_ok=True)

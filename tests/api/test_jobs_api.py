@@ -45,6 +45,22 @@ def test_submitted_job_is_queued_with_a_resolved_target(client: TestClient, mlp_
         ({"runner": {"kind": "rpc", "tracker": "127.0.0.1:9190"}}, "invalid_request"),
         ({"input_shapes": {"nope": [1, 2]}}, "invalid_spec"),
         ({"surprise": 1}, "invalid_request"),
+        # Strict types: a string or a boolean is not a number.
+        ({"trials": "4"}, "invalid_request"),
+        ({"trials": True}, "invalid_request"),
+        ({"seed": "1"}, "invalid_request"),
+        ({"max_trials_per_task": 2.5}, "invalid_request"),
+        ({"input_shapes": {"x": ["1", 256]}}, "invalid_request"),
+        # Targets this machine's local runner cannot run, or that make no sense.
+        ({"target": {"kind": "llvm", "num-cores": 10**9}}, "invalid_target"),
+        ({"target": {"kind": "llvm", "num-cores": "2"}}, "invalid_target"),
+        ({"target": {"kind": "llvm", "num-cores": True}}, "invalid_target"),
+        ({"target": {"kind": "cuda"}}, "invalid_target"),
+        ({"target": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 1}}, "invalid_target"),
+        ({"target": {"kind": "llvm", "num-cores": 1, "bogus-key": 1}}, "invalid_target"),
+        # Shapes that contradict the model's static input x [1, 256].
+        ({"input_shapes": {"x": [2, 256]}}, "invalid_spec"),
+        ({"input_shapes": {"x": [1, 256, 1]}}, "invalid_spec"),
     ],
 )
 def test_bad_job_requests_are_422_and_create_nothing(
@@ -53,6 +69,20 @@ def test_bad_job_requests_are_422_and_create_nothing(
     response = client.post("/api/v1/jobs", json={"model_id": mlp_model["id"], **fields})
     assert response.status_code == 422, response.text
     assert response.json()["error"]["kind"] == kind
+    assert client.get("/api/v1/jobs").json()["total"] == 0
+
+
+def test_bad_job_specs_say_why(client: TestClient, mlp_model: dict) -> None:
+    def message(**fields: object) -> str:
+        response = client.post("/api/v1/jobs", json={"model_id": mlp_model["id"], **fields})
+        assert response.status_code == 422, response.text
+        return response.json()["error"]["message"]
+
+    assert "no CPU target has more than 1024" in message(target={"kind": "llvm", "num-cores": 10**9})
+    assert "not on a 'cuda' device" in message(target={"kind": "cuda"})
+    assert "'bogus-key' is not known for kind 'llvm'" in message(target={"kind": "llvm", "bogus-key": 1})
+    assert "is fixed to 1 by the model, not 2" in message(input_shapes={"x": [2, 256]})
+    assert "trials" in message(trials="4")
     assert client.get("/api/v1/jobs").json()["total"] == 0
 
 

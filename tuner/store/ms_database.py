@@ -29,6 +29,7 @@ class KilnDatabase(ms.database.PyDatabase):
 
     ``target_key`` is the canonical target the records belong to; ``job_id`` is written on every record
     this database commits (records of other jobs on the same target are still read: that is warm start).
+    ``owner`` limits what it reads to the records of that owner's jobs (None: every record).
     ``on_commit(workload_id, run_secs)`` runs after each record is stored, e.g. to report progress.
     """
 
@@ -38,11 +39,13 @@ class KilnDatabase(ms.database.PyDatabase):
         target_key: str,
         job_id: str | None = None,
         on_commit: OnCommit | None = None,
+        owner: str | None = None,
     ) -> None:
         super().__init__()
         self.store = store
         self.target_key = target_key
         self.job_id = job_id
+        self.owner = owner
         self.on_commit = on_commit
         # Deserializing a workload parses its whole IRModule; keep each one once, and keep it alive
         # because MetaSchedule holds on to the objects we return.
@@ -135,19 +138,21 @@ class KilnDatabase(ms.database.PyDatabase):
         found = self._find(workload.mod)
         if found is None:
             return []
-        rows = self.store.top_records(found[0], self.target_key, top_k)
+        rows = self.store.top_records(found[0], self.target_key, top_k, self.owner)
         return [TuningRecord.from_json(json.loads(row), workload) for row in rows]
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
         """Every record (valid or failed) of this database's target, in commit order."""
         return [
             TuningRecord.from_json(json.loads(record_json), self._load(workload_id, workload_json))
-            for workload_id, workload_json, record_json in self.store.all_records(self.target_key)
+            for workload_id, workload_json, record_json in self.store.all_records(
+                self.target_key, owner=self.owner
+            )
         ]
 
     def __len__(self) -> int:
         """Number of records of this database's target."""
-        return self.store.count_records(target_key=self.target_key)
+        return self.store.count_records(target_key=self.target_key, owner=self.owner)
 
 
 __all__ = ["KilnDatabase", "OnCommit"]

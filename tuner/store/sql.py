@@ -873,23 +873,25 @@ class Store:
             s.flush()
             return row.id
 
-    def top_records(self, workload_id: int, target_key: str, k: int) -> list[str]:
-        """``record_json`` of the ``k`` fastest valid records of a workload on a target, fastest first."""
+    def top_records(self, workload_id: int, target_key: str, k: int, owner: str | None = None) -> list[str]:
+        """``record_json`` of the ``k`` fastest valid records of a workload on a target, fastest first.
+
+        ``owner`` (here and in the other record queries): only records of that owner's jobs; None: all.
+        """
         if k <= 0:
             return []
-        with self.session_scope(write=False) as s:
-            return list(
-                s.scalars(
-                    sa.select(TuningRecordRow.record_json)
-                    .where(
-                        TuningRecordRow.workload_id == workload_id,
-                        TuningRecordRow.target_key == target_key,
-                        TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
-                    )
-                    .order_by(TuningRecordRow.mean_run_sec, TuningRecordRow.id)
-                    .limit(k)
-                )
+        query = (
+            sa.select(TuningRecordRow.record_json)
+            .where(
+                TuningRecordRow.workload_id == workload_id,
+                TuningRecordRow.target_key == target_key,
+                TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
             )
+            .order_by(TuningRecordRow.mean_run_sec, TuningRecordRow.id)
+            .limit(k)
+        )
+        with self.session_scope(write=False) as s:
+            return list(s.scalars(_of_owner(query, owner)))
 
     def all_records(
         self,
@@ -897,6 +899,7 @@ class Store:
         workload_ids: Iterable[int] | None = None,
         job_id: str | None = None,
         valid_only: bool = False,
+        owner: str | None = None,
     ) -> list[tuple[int, str, str]]:
         """``(workload_id, workload_json, record_json)`` of a target's records, in commit order."""
         query = (
@@ -915,7 +918,7 @@ class Store:
         if valid_only:
             query = query.where(TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT)
         with self.session_scope(write=False) as s:
-            return [(wid, wjson, rjson) for wid, wjson, rjson in s.execute(query)]
+            return [(wid, wjson, rjson) for wid, wjson, rjson in s.execute(_of_owner(query, owner))]
 
     def list_records(
         self, job_id: str | None = None, workload_id: int | None = None, target_key: str | None = None
@@ -931,9 +934,11 @@ class Store:
         with self.session_scope(write=False) as s:
             return [_record(r) for r in s.scalars(query)]
 
-    def count_records(self, target_key: str | None = None, job_id: str | None = None) -> int:
+    def count_records(
+        self, target_key: str | None = None, job_id: str | None = None, owner: str | None = None
+    ) -> int:
         """Number of records (valid or not) matching the given filters."""
-        query = sa.select(sa.func.count(TuningRecordRow.id))
+        query = _of_owner(sa.select(sa.func.count(TuningRecordRow.id)), owner)
         if target_key is not None:
             query = query.where(TuningRecordRow.target_key == target_key)
         if job_id is not None:
@@ -964,17 +969,18 @@ class Store:
                 for rid, wid, sec, at in s.execute(query)
             ]
 
-    def best_latency_before(self, workload_id: int, target_key: str, before_record_id: int) -> float | None:
+    def best_latency_before(
+        self, workload_id: int, target_key: str, before_record_id: int, owner: str | None = None
+    ) -> float | None:
         """The best valid latency (us) of a workload on a target among records older than the given one."""
+        query = sa.select(sa.func.min(TuningRecordRow.mean_run_sec)).where(
+            TuningRecordRow.workload_id == workload_id,
+            TuningRecordRow.target_key == target_key,
+            TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
+            TuningRecordRow.id < before_record_id,
+        )
         with self.session_scope(write=False) as s:
-            best = s.scalar(
-                sa.select(sa.func.min(TuningRecordRow.mean_run_sec)).where(
-                    TuningRecordRow.workload_id == workload_id,
-                    TuningRecordRow.target_key == target_key,
-                    TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
-                    TuningRecordRow.id < before_record_id,
-                )
-            )
+            best = s.scalar(_of_owner(query, owner))
             return float(best) * 1e6 if best is not None else None
 
     def job_trial_counts(self, job_id: str) -> dict[int, int]:
@@ -987,7 +993,9 @@ class Store:
         with self.session_scope(write=False) as s:
             return {wid: int(n) for wid, n in s.execute(query)}
 
-    def best_record(self, workload_id: int, target_key: str) -> tuple[str, str, float] | None:
+    def best_record(
+        self, workload_id: int, target_key: str, owner: str | None = None
+    ) -> tuple[str, str, float] | None:
         """``(workload_json, record_json, mean_run_sec)`` of a workload's fastest valid record."""
         query = (
             sa.select(WorkloadRow.workload_json, TuningRecordRow.record_json, TuningRecordRow.mean_run_sec)
@@ -1001,19 +1009,18 @@ class Store:
             .limit(1)
         )
         with self.session_scope(write=False) as s:
-            row = s.execute(query).first()
+            row = s.execute(_of_owner(query, owner)).first()
             return (row[0], row[1], float(row[2])) if row is not None else None
 
-    def best_latency_us(self, workload_id: int, target_key: str) -> float | None:
+    def best_latency_us(self, workload_id: int, target_key: str, owner: str | None = None) -> float | None:
         """The fastest valid mean run time of a workload on a target, in microseconds."""
+        query = sa.select(sa.func.min(TuningRecordRow.mean_run_sec)).where(
+            TuningRecordRow.workload_id == workload_id,
+            TuningRecordRow.target_key == target_key,
+            TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
+        )
         with self.session_scope(write=False) as s:
-            best = s.scalar(
-                sa.select(sa.func.min(TuningRecordRow.mean_run_sec)).where(
-                    TuningRecordRow.workload_id == workload_id,
-                    TuningRecordRow.target_key == target_key,
-                    TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
-                )
-            )
+            best = s.scalar(_of_owner(query, owner))
             return float(best) * 1e6 if best is not None else None
 
     # ---- model plans -------------------------------------------------------------------------------
@@ -1099,6 +1106,13 @@ class Store:
             result = s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.name == name))
             if _rowcount(result) == 0:
                 raise NotFound(f"no token named '{name}'")
+
+
+def _of_owner(query: Any, owner: str | None) -> Any:
+    """Records of ``owner``'s jobs only (None: every record, the shared pool)."""
+    if owner is None:
+        return query
+    return query.where(TuningRecordRow.job_id.in_(sa.select(JobRow.id).where(JobRow.owner == owner)))
 
 
 def _job_filter(query: Any, status: JobStatus | None, owner: str | None) -> Any:
