@@ -27,6 +27,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
     Every server started is stopped with SIGTERM at teardown and must shut down gracefully.
     """
     started: list[tuple[subprocess.Popen[bytes], Path]] = []
+    processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(**env_vars: str) -> str:
         port = _free_port()
@@ -43,6 +44,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
             )
         started.append((proc, log_path))
         url = f"http://127.0.0.1:{port}"
+        processes[url] = proc
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -54,6 +56,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
                 raise AssertionError("server did not start:\n" + log_path.read_text())
             time.sleep(0.3)
 
+    start.processes = processes  # type: ignore[attr-defined]  # url -> the server's process
     yield start
     for proc, log_path in started:
         proc.terminate()
