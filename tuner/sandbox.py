@@ -35,7 +35,7 @@ from typing import IO, Any
 
 import psutil
 
-from tuner.errors import ImporterCrashed, ImportTimeout, InvalidModel, KilnError, ModelTooLarge, rebuild_error
+from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, ModelTooLarge, rebuild_error
 from tuner.pt2_archive import WEIGHTS_ONLY_ENV
 from tuner.settings import Settings
 
@@ -101,7 +101,8 @@ class ModelSandbox:
         try:
             child = self._take()
             try:
-                return self._drive(child, op, args, gave_up)
+                child = self._send(child, op, args)
+                return self._drive(child, gave_up)
             finally:
                 child.kill()
         finally:
@@ -138,17 +139,25 @@ class ModelSandbox:
                     self._spares.append(_Child.start())
         return child or _Child.start()
 
-    def _drive(self, child: _Child, op: str, args: dict[str, Any], gave_up: Callable[[], bool]) -> Any:
-        limits = self.limits
-        request = {
-            "op": op,
-            "args": args,
-            "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s},
-        }
+    def _send(self, child: _Child, op: str, args: dict[str, Any]) -> _Child:
+        """Give ``child`` the request; the child that has it (a fresh one if a warm one died meanwhile)."""
+        limits = {"memory_mb": self.limits.memory_mb, "cpu_s": self.limits.cpu_s}
+        request = json.dumps({"op": op, "args": args, "limits": limits})
         try:
-            child.send(json.dumps(request))
+            child.send(request)
+            return child
         except OSError:
-            raise InvalidModel("the importer process could not be started") from None
+            child.kill()
+        child = _Child.start()
+        try:
+            child.send(request)
+        except OSError:
+            child.kill()
+            raise ImporterCrashed("the importer process could not be started") from None
+        return child
+
+    def _drive(self, child: _Child, gave_up: Callable[[], bool]) -> Any:
+        limits = self.limits
         deadline = time.monotonic() + limits.timeout_s
         output = child.read_result(deadline, gave_up)
         if output is None:

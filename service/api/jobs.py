@@ -188,7 +188,7 @@ def job_curve(job_id: str, state: StateDep, owner: OwnerDep) -> JobCurveOut:
 @router.get(
     "/{job_id}/graph",
     response_model=GraphOut,
-    responses=ERRORS,
+    responses={**ERRORS, 413: {"model": ErrorOut}},
     summary="The model's Relax program after fusion on the job's target, and the fusion summary",
 )
 async def job_graph(request: Request, job_id: str, state: StateDep, owner: OwnerDep) -> GraphOut:
