@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,12 +60,39 @@ def plan_model(
     plan_key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()
     stored = store.get_model_plan(model.id, plan_key)
     if stored is None:
-        stored = _plan_in_sandbox(store, settings, sandbox, model, resolved, target_key, shapes, cancelled)
-        if not (isinstance(stored, PlanError) and stored.kind in _TRANSIENT_ERRORS):
-            store.add_model_plan(model.id, plan_key, stored)
+        # The same preview asked for many times at once is planned once; the others wait for it.
+        with _planning(model.id + plan_key, cancelled):
+            stored = store.get_model_plan(model.id, plan_key)
+            if stored is None:
+                stored = _plan_in_sandbox(
+                    store, settings, sandbox, model, resolved, target_key, shapes, cancelled
+                )
+                if not (isinstance(stored, PlanError) and stored.kind in _TRANSIENT_ERRORS):
+                    store.add_model_plan(model.id, plan_key, stored)
     if isinstance(stored, PlanError):
         raise rebuild_error(stored.kind, stored.message)
     return stored
+
+
+_inflight: dict[str, threading.Lock] = {}
+_inflight_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def _planning(key: str, cancelled: Callable[[], bool] | None) -> Iterator[None]:
+    """Hold the lock of one plan key in this process (waiting gives up when ``cancelled()`` turns true)."""
+    with _inflight_guard:
+        lock = _inflight.setdefault(key, threading.Lock())
+    while not lock.acquire(timeout=0.2):
+        if cancelled is not None and cancelled():
+            raise Cancelled("the request was abandoned while the same preview was being planned")
+    try:
+        yield
+    finally:
+        lock.release()
+        with _inflight_guard:
+            if not lock.locked():
+                _inflight.pop(key, None)
 
 
 # Planning errors that may not come again: never kept.

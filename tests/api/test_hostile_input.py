@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,20 @@ def test_task_previews_are_planned_once_and_kept(client: TestClient, mlp_model: 
     assert first.status_code == second.status_code == 200
     assert first.json() == second.json()
     assert runs == ["plan"]
+
+
+def test_the_same_preview_asked_for_at_once_is_planned_once(client: TestClient, mlp_model: dict) -> None:
+    sandbox = client.app.state.kiln.sandbox
+    runs: list[str] = []
+    original = sandbox.run
+    sandbox.run = lambda op, *args, **kw: runs.append(op) or original(op, *args, **kw)
+    url = f"/api/v1/models/{mlp_model['id']}/tasks"
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        responses = list(pool.map(lambda _: client.get(url), range(12)))
+    assert [r.status_code for r in responses] == [200] * 12
+    assert len({r.text for r in responses}) == 1
+    assert runs == ["plan"]
+    assert client.get("/healthz").status_code == 200
 
 
 @pytest.mark.parametrize("filename", ["..", ".", "../.."])
