@@ -20,7 +20,7 @@ import sqlalchemy as sa
 import typer.main
 import yaml
 
-import tuner.cli
+import cli.main
 from tuner.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -348,7 +348,7 @@ def test_service_command_is_a_real_kiln_command(name: str, services: dict[str, d
     expected = KILN_COMMANDS[name]
     assert tuple(argv[: len(expected)]) == expected, f"{name} should run `kiln {' '.join(expected)}`: {argv}"
     # Duck-typed: typer >= 0.26 builds its tree from a vendored copy of click, not the `click` package.
-    node: Any = typer.main.get_command(tuner.cli.app)
+    node: Any = typer.main.get_command(cli.main.app)
     path = ["kiln"]
     for word in expected:
         subcommands = getattr(node, "commands", None)

@@ -81,16 +81,23 @@ class JobResult:
     latency_ms: dict[str, float]  # "untuned TVM", "tuned", and peers such as "onnxruntime"
 
 
-def submit_job(store: Store, spec: JobSpec, owner: str = "") -> Job:
-    """Validate a spec and queue a job for it: the model (of ``owner``), its input shapes against the
-    model's, the target (and that the local runner can run it here), the budget, runner and cost model."""
-    model = store.get_model(spec.model_id, owner)
-    _check_input_shapes(model, spec)
+def validate_spec(spec: JobSpec) -> dict[str, Any]:
+    """The checks of a job spec that need no model: the target (and that the local runner can run it
+    here), the budget, the cost model and the runner. Returns the resolved target."""
     target = resolve_target(spec.target)
     Budget(spec.trials, spec.max_trials_per_task, spec.seed)
     check_cost_model(spec.cost_model)
     if validate_runner(spec.runner) is None:
         check_runs_here(target)
+    return target
+
+
+def submit_job(store: Store, spec: JobSpec, owner: str = "") -> Job:
+    """Validate a spec (:func:`validate_spec`, and its input shapes against the model of ``owner``) and
+    queue a job for it."""
+    model = store.get_model(spec.model_id, owner)
+    target = validate_spec(spec)
+    _check_input_shapes(model, spec)
     spec = JobSpec.from_dict({**spec.to_dict(), "target": target})
     return store.create_job(spec, canonical_target_key(target), owner)
 

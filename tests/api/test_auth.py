@@ -73,7 +73,7 @@ def _kiln(args: list[str], data_dir: Path, **env: str) -> subprocess.CompletedPr
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     full_env.update({"KILN_DATA_DIR": str(data_dir), **env})
     return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, env=full_env, timeout=120
+        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, env=full_env, timeout=120
     )
 
 

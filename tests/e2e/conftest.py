@@ -37,7 +37,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
         log_path = tmp_path / f"{name}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port)],
+                [sys.executable, "-m", "cli", "serve", "--port", str(port)],
                 env=env,
                 stdout=log,
                 stderr=log,

@@ -19,7 +19,7 @@ def kiln(*args: str, data_dir: Path, timeout: float = 600) -> subprocess.Complet
     env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "COLUMNS": "200"}
     env.pop("KILN_DATABASE_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -49,6 +49,16 @@ def test_corrupt_model_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "invalid_model" in done.stderr and "bad.onnx" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["submit", "tune"])
+def test_unknown_cost_model_exits_2_and_queues_nothing(tmp_path: Path, command: str) -> None:
+    done = kiln(command, str(MLP), "--trials", "4", "--cost-model", "foo", data_dir=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "unknown cost model 'foo'" in done.stderr and "'xgb'" in done.stderr
+    assert not (tmp_path / "models").exists()  # refused before the model was imported and stored
+    jobs = kiln("jobs", data_dir=tmp_path)
+    assert jobs.returncode == 0 and "foo" not in jobs.stdout
 
 
 def test_bad_target_exits_2_before_storing_anything(tmp_path: Path) -> None:

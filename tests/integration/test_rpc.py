@@ -208,7 +208,7 @@ def test_mlp_tunes_through_the_rpc_runner(
 
 
 def _kiln(*args: str, tmp_path: Path) -> list[str]:
-    return [sys.executable, "-m", "tuner.cli", "--data-dir", str(tmp_path), *args]
+    return [sys.executable, "-m", "cli", "--data-dir", str(tmp_path), *args]
 
 
 def _env() -> dict[str, str]:

@@ -74,7 +74,7 @@ def _worker_process(settings: Settings, name: str) -> subprocess.Popen[bytes]:
             "KILN_POLL_INTERVAL_S": "0.2",
         }
     )
-    return subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--name", name], env=env)
+    return subprocess.Popen([sys.executable, "-m", "cli", "worker", "--name", name], env=env)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.entities import FusionSummary, Job, JobSpec, Task
+from tuner.entities import FusionSummary, Job, JobSpec, ModelInfo, Task
 from tuner.errors import InvalidSpec, KilnError, TuningFailed
 from tuner.settings import Settings
 
@@ -186,26 +187,21 @@ def tune(
     """Tune a model and write a compiled, verified artifact."""
     from tuner.fatal_signals import report_fatal_signals
     from tuner.frontend import parse_input_shapes
-    from tuner.job import run_job, submit_job
-    from tuner.models import register_model
-    from tuner.targets import resolve_target
+    from tuner.job import run_job
 
     settings = _State.settings
     shapes = parse_input_shapes(input_shape or [])
-    resolve_target(target)  # a bad target fails before the model is imported and stored
-    store = _store()
-    _check_owner(store, owner)
-    info, _ = register_model(store, settings, model, name=name, input_shapes=shapes, owner=owner)
     spec = JobSpec(
-        model_id=info.id,
-        target=resolve_target(target),
+        model_id="",
+        target=target,  # type: ignore[arg-type]  # resolved by _queue
         trials=trials,
         max_trials_per_task=per_task,
         seed=seed,
         input_shapes=shapes,
         cost_model=cost_model,
     )
-    job = submit_job(store, spec, owner)
+    store = _store()
+    info, job = _queue(store, model, spec, name, owner)
     console.print(
         f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
     )
@@ -460,19 +456,14 @@ def submit(
 ) -> None:
     """Queue a tuning job for the workers (`kiln serve` or `kiln worker`) and print its id."""
     from tuner.frontend import parse_input_shapes
-    from tuner.job import submit_job
-    from tuner.models import register_model
 
     shapes = parse_input_shapes(input_shape or [])
-    store = _store()
-    _check_owner(store, owner)
-    info, _ = register_model(store, _State.settings, model, name=name, input_shapes=shapes, owner=owner)
     runner: dict[str, Any] = {"kind": "local"}
     if rpc_tracker or rpc_key:
         runner = {"kind": "rpc", "tracker": rpc_tracker or _State.settings.rpc_tracker, "key": rpc_key}
     spec = JobSpec(
-        model_id=info.id,
-        target=target,  # type: ignore[arg-type]  # resolved by submit_job
+        model_id="",
+        target=target,  # type: ignore[arg-type]  # resolved by _queue
         trials=trials,
         max_trials_per_task=per_task,
         seed=seed,
@@ -480,8 +471,24 @@ def submit(
         runner=runner,
         cost_model=cost_model,
     )
-    job = submit_job(store, spec, owner)
+    info, job = _queue(_store(), model, spec, name, owner)
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
+
+
+def _queue(store: Store, model: Path, spec: JobSpec, name: str | None, owner: str) -> tuple[ModelInfo, Job]:
+    """Check ``spec`` (all but its model), import and store ``model``, and queue the job on it.
+
+    A bad spec fails before the model is imported, so nothing is stored for it.
+    """
+    from tuner.job import submit_job, validate_spec
+    from tuner.models import register_model
+
+    validate_spec(spec)
+    _check_owner(store, owner)
+    info, _ = register_model(
+        store, _State.settings, model, name=name, input_shapes=dict(spec.input_shapes), owner=owner
+    )
+    return info, submit_job(store, dataclasses.replace(spec, model_id=info.id), owner)
 
 
 def _check_owner(store: Store, owner: str) -> None:
