@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from schedules._tvm import Target, ms
+from kiln_tvm import Target, ms
 
 SpaceFactory = Callable[[Target], Any]
 

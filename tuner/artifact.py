@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedules._tvm import ms
+from kiln_tvm import ms
 
 RECORDS_PER_WORKLOAD = 32
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from schedules._tvm import (
+from kiln_tvm import (
     PopenPoolExecutor,
     StatusKind,
     build_candidate,

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from schedules._tvm import Target, relax, tvm
+from kiln_tvm import Target, relax, tvm
 from tuner.entities import ModelSignature, TensorSpec
 from tuner.errors import VerificationFailed
 from tuner.tasks import GraphPlan

@@ -23,7 +23,7 @@ def report_fatal_signals(stream: TextIO) -> None:
     stay open for the life of the process. faulthandler only writes to a file descriptor in its handler,
     then re-raises the signal with the default action.
     """
-    import tvm  # noqa: F401  (loads libtvm_ffi, whose constructor installs its handler)
+    import kiln_tvm  # noqa: F401  (loads libtvm_ffi, whose constructor installs its handler)
 
     # faulthandler re-raises with the handler it found; make that the default action, not TVM's.
     signal.signal(signal.SIGSEGV, signal.SIG_DFL)

@@ -5,7 +5,7 @@ lacks, a dynamic dimension without a shape, a bad ``--input-shape``) is raised a
 :mod:`tuner.errors` error with a message that says what to do; no protobuf, torch or TVM traceback
 leaves this module.
 
-TVM is imported lazily (through :mod:`schedules._tvm`, which sets ``TVM_NUM_THREADS`` first), so
+TVM is imported lazily (through :mod:`kiln_tvm`, which sets ``TVM_NUM_THREADS`` first), so
 :func:`detect_format`, :func:`read_signature` of an ONNX file and :func:`parse_input_shapes` stay cheap.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import io
 import logging
 import re
@@ -22,7 +21,7 @@ import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tuner.entities import Dim, ModelFormat, ModelSignature, TensorSpec
@@ -39,7 +38,7 @@ from tuner.pt2_archive import check_archive, check_pickled_members, force_weight
 if TYPE_CHECKING:
     import onnx
 
-    from schedules._tvm import tvm
+    from kiln_tvm import tvm
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +128,12 @@ def warm_up() -> None:
     """Load TVM, its importers and Kiln's graph passes now, so that the first model is quick."""
     import tuner.tasks  # noqa: F401
 
-    _tvm_onnx_frontend()
+    _tvm_frontends().onnx_importer()
     try:
         _import_torch()
     except MissingDependency:
         return
-    _tvm_torch_frontend()
+    _tvm_frontends().torch_importer()
 
 
 def parse_input_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
@@ -311,19 +310,11 @@ def _check_given_shape(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, .
     return shape
 
 
-def _failed_node(tb: TracebackType | None, frame_names: tuple[str, ...]) -> Any:
-    """The graph node an importer was converting when it raised (innermost), read from the traceback.
+def _tvm_frontends() -> ModuleType:
+    """TVM's importers, through the gate (imported on first use: reading a signature needs no TVM)."""
+    from kiln_tvm import frontends
 
-    The importers keep the node in a local variable ``node`` of their per-node loop; reading it from
-    the traceback avoids patching the importer. ``None`` when the failure was not inside that loop.
-    """
-    found = None
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name in frame_names and "node" in frame.f_locals:
-            found = frame.f_locals["node"]
-        tb = tb.tb_next
-    return found
+    return frontends
 
 
 def _conversion_error(
@@ -360,14 +351,14 @@ def _quiet_importer(what: str) -> Iterator[None]:
 
 
 def _static_int(value: Any) -> int | None:
-    from schedules._tvm import tvm
+    from kiln_tvm import tvm
 
     return int(value.value) if isinstance(value, tvm.tirx.IntImm) else None
 
 
 def _type_specs(name: str, ty: Any) -> list[TensorSpec]:
     """TensorSpecs of a Relax value's type (a tuple is flattened)."""
-    from schedules._tvm import relax
+    from kiln_tvm import relax
 
     if isinstance(ty, relax.TensorType):
         shape = ty.shape
@@ -394,7 +385,7 @@ def _type_specs(name: str, ty: Any) -> list[TensorSpec]:
 
 def _output_specs(mod: tvm.IRModule, names: list[str]) -> tuple[TensorSpec, ...]:
     """Outputs of ``main`` named after ``names`` (one per top-level result)."""
-    from schedules._tvm import relax
+    from kiln_tvm import relax
 
     ret = mod["main"].ret_ty
     fields = list(ret.fields) if isinstance(ret, relax.TupleType) and len(names) != 1 else [ret]
@@ -414,7 +405,7 @@ def _check_param_count(mod: tvm.IRModule, model_name: str, inputs: tuple[TensorS
 
 
 def _check_static_params(mod: tvm.IRModule, model_name: str, inputs: tuple[TensorSpec, ...]) -> None:
-    from schedules._tvm import relax
+    from kiln_tvm import relax
 
     _check_param_count(mod, model_name, inputs)
     for param in mod["main"].params:
@@ -600,20 +591,9 @@ def _inline_external_data(model: onnx.ModelProto, path: Path, allowed: bool) -> 
     return bool(tensors)
 
 
-def _onnx_convert_map() -> dict[str, Any]:
-    return dict(_tvm_onnx_frontend().onnx_frontend._get_convert_map())
-
-
 def _unsupported_onnx_ops(model: onnx.ModelProto) -> list[str]:
-    supported = _onnx_convert_map().keys() | _ONNX_HANDLED_OUTSIDE_MAP
+    supported = _tvm_frontends().onnx_convert_map().keys() | _ONNX_HANDLED_OUTSIDE_MAP
     return sorted({node.op_type for node in _onnx_nodes(model.graph) if node.op_type not in supported})
-
-
-def _tvm_onnx_frontend() -> ModuleType:
-    """TVM's ONNX importer (imported after :mod:`schedules._tvm` has set up the environment)."""
-    import schedules._tvm  # noqa: F401 - sets TVM_NUM_THREADS before TVM loads
-
-    return importlib.import_module("tvm.relax.frontend.onnx")
 
 
 def _load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data: bool) -> ImportedModel:
@@ -662,7 +642,7 @@ def _load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_dat
             f"'{path.name}': input '{name}' has element type '{dtype}', which Kiln cannot feed"
         )
 
-    tvm_onnx = _tvm_onnx_frontend()
+    tvm_onnx = _tvm_frontends().onnx_importer()
     try:
         with _quiet_importer("ONNX importer"):
             mod = tvm_onnx.from_onnx(
@@ -672,7 +652,7 @@ def _load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_dat
                 keep_params_in_input=False,
             )
     except Exception as err:  # noqa: BLE001 - every importer failure becomes a typed error
-        node = _failed_node(err.__traceback__, ("_construct_nodes", "_convert_subgraph"))
+        node = _tvm_frontends().failed_onnx_node(err.__traceback__)
         op = getattr(node, "op_type", None)
         raise _conversion_error(err, "ONNX", path.name, op, getattr(node, "name", None)) from None
 
@@ -778,13 +758,6 @@ def _torch_example_shapes(
     return {name: tuple(int(d) for d in t.shape) for name, t in zip(names, flat, strict=True)}
 
 
-def _tvm_torch_frontend() -> ModuleType:
-    """TVM's torch.export importer (imported after :mod:`schedules._tvm` has set up the environment)."""
-    import schedules._tvm  # noqa: F401 - sets TVM_NUM_THREADS before TVM loads
-
-    return importlib.import_module("tvm.relax.frontend.torch")
-
-
 def _unsupported_torch_ops(torch: ModuleType, program: Any, convert_map: Mapping[str, Any]) -> list[str]:
     """Qualified names of every call_function target (in all graphs, cond branches included) that the
     importer's convert map lacks; the importer looks targets up by ``__name__``."""
@@ -805,7 +778,7 @@ def _bind_torch_shapes(
     mod: tvm.IRModule, inputs: tuple[TensorSpec, ...], shapes: Mapping[str, tuple[int, ...]]
 ) -> tvm.IRModule:
     """Replace the symbolic sizes of ``main``'s inputs by the given ones (BindSymbolicVars)."""
-    from schedules._tvm import relax, tvm
+    from kiln_tvm import relax, tvm
 
     func = mod["main"]
     attrs = dict(func.attrs) if func.attrs is not None else {}
@@ -857,7 +830,7 @@ def _load_torch(path: Path, given: dict[str, tuple[int, ...]], max_unpacked_byte
     data = path.read_bytes()
     declared = _torch_signature(program, path.name)
 
-    tvm_torch = _tvm_torch_frontend()
+    tvm_torch = _tvm_frontends().torch_importer()
     try:
         with _quiet_importer("torch.export decomposition"):
             program = program.run_decompositions()
@@ -866,8 +839,7 @@ def _load_torch(path: Path, given: dict[str, tuple[int, ...]], max_unpacked_byte
             f"could not decompose the program in '{path.name}' to core ATen: {_short(err)}"
         ) from None
 
-    importer = tvm_torch.exported_program_translator.ExportedProgramImporter()
-    unsupported = _unsupported_torch_ops(torch, program, importer.convert_map)
+    unsupported = _unsupported_torch_ops(torch, program, _tvm_frontends().torch_convert_map())
     if unsupported:
         raise UnsupportedOperator(operators=unsupported, importer="PyTorch")
 
@@ -883,7 +855,7 @@ def _load_torch(path: Path, given: dict[str, tuple[int, ...]], max_unpacked_byte
                 run_ep_decomposition=False,  # done above, so the operator check saw what gets converted
             )
     except Exception as err:  # noqa: BLE001 - every importer failure becomes a typed error
-        node = _failed_node(err.__traceback__, ("_translate_fx_graph",))
+        node = _tvm_frontends().failed_torch_node(err.__traceback__)
         target = getattr(node, "target", None)
         op = str(target) if target is not None else None
         raise _conversion_error(err, "PyTorch", path.name, op, getattr(node, "name", None)) from None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tuner
-from schedules._tvm import ms, s_tir
+from kiln_tvm import ms, s_tir
 from tuner.entities import FusionSummary, Job, ModelInfo, ModelPlan, PlanError, Task, TaskInfo
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
 from tuner.models import model_file

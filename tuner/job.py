@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 import tuner
-from schedules._tvm import tvm
+from kiln_tvm import tvm
 from tuner.artifact import export_library, pack_artifact
 from tuner.compile import (
     Comparison,

@@ -47,7 +47,7 @@ def median_call_ms(call: Callable[[], Any]) -> tuple[float, int]:
 
 
 def _tvm_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
-    from schedules._tvm import tvm
+    from kiln_tvm import tvm
     from tuner.compile import LoadedModel
 
     return LoadedModel(tvm.runtime.load_module(path)).bound_call(inputs)

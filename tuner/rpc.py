@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from schedules._tvm import (
+from kiln_tvm import (
     PopenPoolExecutor,
     RPCServer,
     RPCTracker,

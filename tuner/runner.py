@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules._tvm import derived_object, ms
+from kiln_tvm import derived_object, ms
 
 
 @derived_object

@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any
 
-from schedules._tvm import Target, physical_core_count, tvm
+from kiln_tvm import Target, physical_core_count, tvm
 from tuner.errors import InvalidTarget
 
 SUPPORTED_KINDS = ("llvm", "cuda")

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from schedules._tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
+from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
 from tuner.entities import FusionSummary, TaskInfo
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedules._tvm import (
+from kiln_tvm import (
     Target,
     derived_object,
     ms,

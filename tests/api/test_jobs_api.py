@@ -153,7 +153,7 @@ def test_unknown_job_routes_are_404(client: TestClient) -> None:
 def test_a_tuned_job_exposes_tasks_curves_schedules_and_files(
     client: TestClient, api_settings: Settings, mlp_model: dict, tmp_path: Path
 ) -> None:
-    from schedules._tvm import ms
+    from kiln_tvm import ms
 
     job = _submit(client, mlp_model["id"], trials=16, seed=1)
     worker = Worker(api_settings, "test-worker")

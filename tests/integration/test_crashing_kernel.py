@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from schedules._tvm import ms
+from kiln_tvm import ms
 from tuner.builder import PooledBuilder
 from tuner.tune import MeasureConfig, make_runner
 

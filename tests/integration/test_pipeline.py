@@ -94,7 +94,7 @@ def test_mlp_tunes_verifies_and_reloads_in_fresh_process(
 def test_artifact_records_load_in_plain_tvm_json_database(
     sqlite_store: Store, settings: Settings, tmp_path: Path
 ) -> None:
-    from schedules._tvm import ms
+    from kiln_tvm import ms
 
     path = _save(build_mlp(seed=3), tmp_path / "mlp3.onnx")
     result = _tune(sqlite_store, settings, path, trials=4)

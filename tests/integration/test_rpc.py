@@ -135,7 +135,7 @@ def test_check_runner_rejects_malformed_runners(runner: dict) -> None:
 
 
 def test_guarded_runner_fails_fast_once_the_device_is_gone(tracker: RPCProcess) -> None:
-    from schedules._tvm import ms
+    from kiln_tvm import ms
 
     with start_server(tracker.address, "kiln-gone", "127.0.0.1", 0):
         runner = make_rpc_runner(
@@ -149,7 +149,7 @@ def test_guarded_runner_fails_fast_once_the_device_is_gone(tracker: RPCProcess) 
 
 
 def test_a_candidate_waiting_for_a_busy_server_times_out(tracker: RPCProcess, server: RPCProcess) -> None:
-    from schedules._tvm import ms
+    from kiln_tvm import ms
 
     host, port = tracker.address.rsplit(":", 1)
     config = ms.runner.RPCConfig(

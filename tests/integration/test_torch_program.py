@@ -39,7 +39,7 @@ def test_pt2_program_tunes_and_matches_torch_eager(settings: Settings, tmp_path:
     unpacked = tmp_path / "artifact"
     with tarfile.open(result.artifact.path) as tar:
         tar.extractall(unpacked, filter="data")
-    from schedules._tvm import tvm
+    from kiln_tvm import tvm
 
     loaded = LoadedModel(tvm.runtime.load_module(str(unpacked / "model.so")))
     x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)

@@ -64,7 +64,7 @@ def fake_pt2(path: Path) -> Path:
 
 
 def run_relax(mod: Any, inputs: list[np.ndarray]) -> np.ndarray:
-    from schedules._tvm import Target, relax, tvm
+    from kiln_tvm import Target, relax, tvm
 
     executable = tvm.compile(mod, target=Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(executable, tvm.cpu())

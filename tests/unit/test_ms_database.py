@@ -12,7 +12,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from schedules._tvm import ms, register_cpu_tensor_intrinsics, s_tir, structural_hash, tvm
+from kiln_tvm import ms, register_cpu_tensor_intrinsics, s_tir, structural_hash, tvm
 from tuner.entities import JobSpec, ModelFormat, ModelSignature
 from tuner.store import Store
 from tuner.store.ms_database import KilnDatabase
@@ -26,7 +26,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def fast_build(mod: Any, target: Any, _params: Any) -> Any:
     """LocalBuilder's default build without its ~26 s ``import tvm.s_tir.tensor_intrin`` per batch."""
-    from schedules._tvm import tvm
+    from kiln_tvm import tvm
 
     mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.driver.build(mod, target=target)

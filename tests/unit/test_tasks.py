@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schedules._tvm import relax
+from kiln_tvm import relax
 from tuner.frontend import load_model
 from tuner.targets import host_target, to_tvm_target
 from tuner.tasks import plan_graph

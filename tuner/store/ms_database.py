@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Callable
 
-from schedules._tvm import derived_object, ms, structural_equal, structural_hash, tuning_record_json, tvm
+from kiln_tvm import derived_object, ms, structural_equal, structural_hash, tuning_record_json, tvm
 from tuner.store.sql import Store
 
 log = logging.getLogger(__name__)

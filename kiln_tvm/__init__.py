@@ -1,4 +1,7 @@
-"""The one module that imports TVM, so that the next rename of a TVM path is a one-line change here.
+"""Kiln's gate to TVM: the one package that imports TVM's paths, so that the next rename is a change here.
+
+This module holds the runtime, IR, MetaSchedule and RPC names Kiln uses; :mod:`kiln_tvm.frontends` holds
+the model importers and the internals of them Kiln reads.
 
 Importing this module also fixes two traps of TVM 0.27 on x86 CPUs before TVM starts:
 
