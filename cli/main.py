@@ -210,8 +210,8 @@ def tune(
         result = run_job(store, settings, job.id, listener=listener)
     console.print(_task_table(result.tasks, "tasks"))
     _print_outcome(result.job)
-    for peer, ms in result.latency_ms.items():
-        if peer not in ("untuned TVM", "tuned") and result.job.tuned_latency_ms:
+    for peer, ms in result.latency.references_ms.items():
+        if result.job.tuned_latency_ms:
             ratio = ms / result.job.tuned_latency_ms
             console.print(f"{peer} {ms:.3f} ms (Kiln is {ratio:.2f}x as fast)")
     if result.artifact is not None:

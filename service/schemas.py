@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from tuner.entities import FusionSummary, Job, JobStatus, ModelInfo, Task, TaskInfo, TensorSpec
+from tuner.inspection import time_shares
 
 
 class ErrorDetail(BaseModel):
@@ -217,8 +218,6 @@ class TaskOut(BaseModel):
 
     @classmethod
     def list_of(cls, tasks: list[Task]) -> list[TaskOut]:
-        times = [t.weight * t.best_latency_us if t.best_latency_us else None for t in tasks]
-        total = sum(x for x in times if x) if all(times) and times else None
         return [
             cls(
                 id=t.id,
@@ -229,9 +228,9 @@ class TaskOut(BaseModel):
                 trials=t.trials,
                 best_latency_us=t.best_latency_us,
                 gflops=t.gflops,
-                share=(x / total) if total and x else None,
+                share=share,
             )
-            for t, x in zip(tasks, times, strict=True)
+            for t, share in zip(tasks, time_shares(tasks), strict=True)
         ]
 
 

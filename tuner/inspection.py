@@ -1,4 +1,5 @@
-"""What the compiler did, for people to read: task previews, the fused graph, each task's best schedule."""
+"""What the compiler and the search did, for people to read (the API and the CLI alike): task previews,
+the fused graph, each task's best schedule, tuning curves, warm starts and where the time goes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import tuner
@@ -155,9 +157,105 @@ def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) 
     )
 
 
+@dataclass(frozen=True)
+class TaskCurvePoint:
+    """One trial of a task: its latency (None when the candidate failed) and the task's best so far."""
+
+    index: int  # 1-based trial number within the task
+    record_id: int
+    latency_us: float | None
+    best_us: float | None
+    at: datetime
+    elapsed_s: float  # since the job was submitted
+
+
+@dataclass(frozen=True)
+class JobCurvePoint:
+    """One trial of a job, with the estimated end-to-end latency after it."""
+
+    index: int  # 1-based trial number within the job
+    task_id: int
+    record_id: int
+    latency_us: float | None
+    task_best_us: float | None
+    estimate_us: float | None  # sum over tasks of weight x best so far; None until every task has one
+    at: datetime
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class JobCurve:
+    """Every trial of a job in order, and the bests it started from."""
+
+    points: list[JobCurvePoint]
+    warm_start_us: dict[int, float]  # task id -> best latency stored before the job measured anything
+
+
+def task_curve(store: Store, job: Job, task: Task) -> list[TaskCurvePoint]:
+    """Every trial the job measured for ``task``, with the best so far."""
+    points, best = [], None
+    for index, (record_id, _, latency_us, at) in enumerate(store.job_timeline(job.id, task.workload_id), 1):
+        if latency_us is not None and (best is None or latency_us < best):
+            best = latency_us
+        points.append(TaskCurvePoint(index, record_id, latency_us, best, at, _elapsed(job, at)))
+    return points
+
+
+def job_curve(store: Store, job: Job, scope: str | None) -> JobCurve:
+    """Every trial of the job with the estimated end-to-end latency after it; warm starts come from the
+    records of ``scope`` (see :meth:`Settings.record_scope`) stored before the job's first trial."""
+    tasks = store.list_tasks(job.id)
+    task_of = {t.workload_id: t for t in tasks}
+    timeline = store.job_timeline(job.id)
+    warm: dict[int, float] = {}
+    if timeline:
+        for t in tasks:
+            best = store.best_latency_before(t.workload_id, job.target_key, timeline[0][0], scope)
+            if best is not None:
+                warm[t.id] = best
+    bests: dict[int, float] = dict(warm)
+    points = []
+    for index, (record_id, workload_id, latency_us, at) in enumerate(timeline, start=1):
+        task = task_of.get(workload_id)
+        if task is None:
+            continue
+        if latency_us is not None and (task.id not in bests or latency_us < bests[task.id]):
+            bests[task.id] = latency_us
+        complete = all(t.id in bests for t in tasks)
+        estimate = sum(t.weight * bests[t.id] for t in tasks) if complete else None
+        points.append(
+            JobCurvePoint(
+                index, task.id, record_id, latency_us, bests.get(task.id), estimate, at, _elapsed(job, at)
+            )
+        )
+    return JobCurve(points=points, warm_start_us=warm)
+
+
+def time_shares(tasks: list[Task]) -> list[float | None]:
+    """Per task, the fraction of the model's estimated time spent in it (None until every task has a best)."""
+    times = [t.weight * t.best_latency_us if t.best_latency_us else None for t in tasks]
+    total = sum(x for x in times if x) if all(times) and times else None
+    return [(x / total) if total and x else None for x in times]
+
+
+def _elapsed(job: Job, at: datetime) -> float:
+    return max(0.0, (at - job.created_at).total_seconds())
+
+
 def task_tir(store: Store, task: Task) -> str:
     """The task's TIR before scheduling (TVMScript)."""
     return store.get_workload_script(task.workload_id)
 
 
-__all__ = ["BestSchedule", "best_schedule", "plan_model", "task_tir"]
+__all__ = [
+    "BestSchedule",
+    "JobCurve",
+    "JobCurvePoint",
+    "TaskCurvePoint",
+    "best_schedule",
+    "job_curve",
+    "plan_model",
+    "task_curve",
+    "task_tir",
+    "time_shares",
+]

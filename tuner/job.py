@@ -17,24 +17,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-
 import tuner
 from kiln_tvm import tvm
 from tuner.artifact import export_library, pack_artifact
 from tuner.compile import (
     Comparison,
-    LoadedModel,
     build_tuned,
     build_untuned,
-    compare_outputs,
     random_inputs,
-    require_match,
 )
-from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelFormat, ModelInfo, Task
+from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
 from tuner.errors import Conflict, InvalidSpec, KilnError, MissingInputShape, TuningFailed
 from tuner.frontend import ImportedModel, check_given_shape, load_model
-from tuner.measure import latency_in_fresh_process
 from tuner.models import model_file
 from tuner.rpc import check_runner, validate_runner
 from tuner.sandbox import SandboxLimits, is_out_of_memory, memory_limit
@@ -44,6 +38,7 @@ from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
 from tuner.tasks import GraphPlan, plan_graph
 from tuner.tune import Budget, MeasureConfig, TrialBatch, check_cost_model, gflops, tune_tasks
+from tuner.verify import Latencies, measure_latencies, verify_outputs
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +73,7 @@ class JobResult:
     fusion: FusionSummary
     artifact: Artifact | None
     comparisons: list[Comparison]
-    latency_ms: dict[str, float]  # "untuned TVM", "tuned", and peers such as "onnxruntime"
+    latency: Latencies
 
 
 def validate_spec(spec: JobSpec) -> dict[str, Any]:
@@ -314,21 +309,21 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     )
     if should_stop is not None and should_stop():
         _finish(store, job.id, JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
-        return JobResult(store.get_job(job.id), progress.tasks, plan.fusion, None, [], {})
+        return JobResult(store.get_job(job.id), progress.tasks, plan.fusion, None, [], Latencies())
 
     listener.stage("compiling")
     build_dir = settings.jobs_dir / job.id / "build"
     tuned_exe = build_tuned(plan, target, database)
     tuned_lib = export_library(tuned_exe, build_dir / "model.so")
     comparisons: list[Comparison] = []
-    latency: dict[str, float] = {}
+    latency = Latencies()
     if is_host_cpu(spec.target):
         listener.stage("verifying")
         inputs = random_inputs(imported.signature, spec.seed)
         untuned_exe = build_untuned(imported.mod, target)
-        comparisons = _verify(settings, imported, tuned_exe, untuned_exe, inputs)
+        comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs)
         listener.stage("measuring")
-        latency = _measure(imported, untuned_exe, tuned_lib, build_dir, inputs)
+        latency = measure_latencies(imported, untuned_exe, tuned_lib, build_dir, inputs)
 
     listener.stage("packaging")
     tasks = store.list_tasks(job.id)
@@ -341,9 +336,9 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     store.finish_job(
         job.id,
         JobStatus.SUCCEEDED,
-        baseline_latency_ms=latency.get("untuned TVM"),
-        tuned_latency_ms=latency.get("tuned"),
-        reference_latency_ms={k: v for k, v in latency.items() if k not in ("untuned TVM", "tuned")},
+        baseline_latency_ms=latency.untuned_ms,
+        tuned_latency_ms=latency.tuned_ms,
+        reference_latency_ms=latency.references_ms,
     )
     return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
 
@@ -385,71 +380,16 @@ def _resumed_tasks(store: Store, job: Job, tasks: list[Task], scope: str | None)
     return resumed
 
 
-def _verify(
-    settings: Settings,
-    imported: ImportedModel,
-    tuned_exe: Any,
-    untuned_exe: Any,
-    inputs: list[np.ndarray],
-) -> list[Comparison]:
-    """Compare the tuned build with the untuned one and with onnxruntime (ONNX models, when installed)."""
-    rtol, atol = settings.verify_rtol, settings.verify_atol
-    tuned_out = LoadedModel(tuned_exe).run(inputs)
-    comparisons = [
-        compare_outputs(tuned_out, LoadedModel(untuned_exe).run(inputs), "untuned TVM", rtol, atol)
-    ]
-    reference = _onnxruntime_outputs(imported, inputs)
-    if reference is not None:
-        comparisons.append(compare_outputs(tuned_out, reference, "onnxruntime", rtol, atol))
-    require_match(comparisons, rtol, atol)
-    return comparisons
-
-
-def _measure(
-    imported: ImportedModel, untuned_exe: Any, tuned_lib: Path, build_dir: Path, inputs: list[np.ndarray]
-) -> dict[str, float]:
-    """End-to-end latencies in ms, each timed in its own fresh process."""
-    untuned_lib = export_library(untuned_exe, build_dir / "untuned.so")
-    latency = {
-        "untuned TVM": latency_in_fresh_process("tvm", untuned_lib, inputs),
-        "tuned": latency_in_fresh_process("tvm", tuned_lib, inputs),
-    }
-    if imported.format is ModelFormat.ONNX and _has_onnxruntime():
-        onnx_file = build_dir / "model.onnx"
-        onnx_file.write_bytes(imported.canonical_bytes)
-        latency["onnxruntime"] = latency_in_fresh_process("onnxruntime", onnx_file, inputs)
-    return latency
-
-
-def _has_onnxruntime() -> bool:
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _onnxruntime_outputs(imported: ImportedModel, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
-    if imported.format is not ModelFormat.ONNX or not _has_onnxruntime():
-        return None
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(imported.canonical_bytes, providers=["CPUExecutionProvider"])
-    feed = {spec.name: x for spec, x in zip(imported.signature.inputs, inputs, strict=True)}
-    return [np.asarray(o) for o in session.run(None, feed)]
-
-
 def _manifest(
     job: Job,
     model: ModelInfo,
     imported: ImportedModel,
     plan: GraphPlan,
     tasks: list[Task],
-    latency: dict[str, float],
+    latency: Latencies,
     comparisons: list[Comparison],
     settings: Settings,
 ) -> dict[str, Any]:
-    baseline_ms, tuned_ms = latency.get("untuned TVM"), latency.get("tuned")
     return {
         "kiln_version": tuner.__version__,
         "tvm_version": tvm.__version__,
@@ -484,12 +424,12 @@ def _manifest(
             "seed": job.spec.seed,
         },
         "latency": {
-            "untuned_ms": baseline_ms,
-            "tuned_ms": tuned_ms,
-            "speedup": (baseline_ms / tuned_ms) if baseline_ms and tuned_ms else None,
-            "reference_ms": {k: v for k, v in latency.items() if k not in ("untuned TVM", "tuned")},
+            "untuned_ms": latency.untuned_ms,
+            "tuned_ms": latency.tuned_ms,
+            "speedup": latency.speedup,
+            "reference_ms": latency.references_ms,
             "method": "median wall time of main() in a fresh process per implementation, same seeded inputs",
-            "measured_on": socket.gethostname() if tuned_ms is not None else None,
+            "measured_on": socket.gethostname() if latency.tuned_ms is not None else None,
         },
         "verification": {
             "tolerance": {"rtol": settings.verify_rtol, "atol": settings.verify_atol},

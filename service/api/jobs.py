@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from service.schemas import (
     JobPage,
     TaskOut,
 )
+from tuner import inspection
 from tuner.artifact import records_tarball
 from tuner.entities import Job, JobSpec, JobStatus, ModelPlan, Task
 from tuner.errors import Conflict, NotFound
@@ -122,22 +124,7 @@ def job_tasks(job_id: str, state: StateDep, owner: OwnerDep) -> list[TaskOut]:
 def task_curve(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> CurveOut:
     job = state.store.get_job(job_id, owner)
     task = _task(state.store, job, task_id)
-    points, best = [], None
-    for index, (record_id, _, latency_us, at) in enumerate(
-        state.store.job_timeline(job.id, task.workload_id), start=1
-    ):
-        if latency_us is not None and (best is None or latency_us < best):
-            best = latency_us
-        points.append(
-            CurvePoint(
-                index=index,
-                record_id=record_id,
-                latency_us=latency_us,
-                best_us=best,
-                at=at,
-                elapsed_s=max(0.0, (at - job.created_at).total_seconds()),
-            )
-        )
+    points = [CurvePoint(**dataclasses.asdict(p)) for p in inspection.task_curve(state.store, job, task)]
     return CurveOut(task_id=task.id, name=task.name, points=points)
 
 
@@ -148,41 +135,12 @@ def task_curve(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> C
     summary="Every trial of the job in order, with the estimated end-to-end latency after it",
 )
 def job_curve(job_id: str, state: StateDep, owner: OwnerDep) -> JobCurveOut:
-    store = state.store
-    job = store.get_job(job_id, owner)
-    tasks = store.list_tasks(job.id)
-    task_of = {t.workload_id: t for t in tasks}
-    timeline = store.job_timeline(job.id)
-    warm: dict[int, float] = {}
-    if timeline:
-        for t in tasks:
-            best = store.best_latency_before(
-                t.workload_id, job.target_key, timeline[0][0], state.settings.record_scope(job.owner)
-            )
-            if best is not None:
-                warm[t.id] = best
-    bests: dict[int, float] = dict(warm)
-    points = []
-    for index, (record_id, workload_id, latency_us, at) in enumerate(timeline, start=1):
-        task = task_of.get(workload_id)
-        if task is None:
-            continue
-        if latency_us is not None and (task.id not in bests or latency_us < bests[task.id]):
-            bests[task.id] = latency_us
-        complete = all(t.id in bests for t in tasks)
-        points.append(
-            JobCurvePoint(
-                index=index,
-                task_id=task.id,
-                record_id=record_id,
-                latency_us=latency_us,
-                task_best_us=bests.get(task.id),
-                estimate_us=sum(t.weight * bests[t.id] for t in tasks) if complete else None,
-                at=at,
-                elapsed_s=max(0.0, (at - job.created_at).total_seconds()),
-            )
-        )
-    return JobCurveOut(points=points, warm_start_us=warm)
+    job = state.store.get_job(job_id, owner)
+    curve = inspection.job_curve(state.store, job, state.settings.record_scope(job.owner))
+    return JobCurveOut(
+        points=[JobCurvePoint(**dataclasses.asdict(p)) for p in curve.points],
+        warm_start_us=curve.warm_start_us,
+    )
 
 
 @router.get(

@@ -1,0 +1,94 @@
+"""Checking a tuned build: its outputs against untuned TVM and onnxruntime, and end-to-end latencies.
+
+Each latency is timed in a fresh process per implementation (thread pools of two runtimes in one process
+slow each other), on the same seeded inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.artifact import export_library
+from tuner.compile import Comparison, LoadedModel, compare_outputs, require_match
+from tuner.entities import ModelFormat
+from tuner.frontend import ImportedModel
+from tuner.measure import latency_in_fresh_process
+from tuner.settings import Settings
+
+#: The name the untuned build goes by in comparisons and reports.
+UNTUNED = "untuned TVM"
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """End-to-end latencies of one job, in ms: the untuned and tuned builds and peer runtimes."""
+
+    untuned_ms: float | None = None
+    tuned_ms: float | None = None
+    references_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"onnxruntime": 0.3}
+
+    @property
+    def speedup(self) -> float | None:
+        """Untuned over tuned."""
+        return self.untuned_ms / self.tuned_ms if self.untuned_ms and self.tuned_ms else None
+
+
+def verify_outputs(
+    settings: Settings,
+    imported: ImportedModel,
+    tuned_exe: Any,
+    untuned_exe: Any,
+    inputs: list[np.ndarray],
+) -> list[Comparison]:
+    """Compare the tuned build with the untuned one and with onnxruntime (ONNX models, when installed);
+    :class:`~tuner.errors.VerificationFailed` when any disagrees."""
+    rtol, atol = settings.verify_rtol, settings.verify_atol
+    tuned_out = LoadedModel(tuned_exe).run(inputs)
+    comparisons = [compare_outputs(tuned_out, LoadedModel(untuned_exe).run(inputs), UNTUNED, rtol, atol)]
+    reference = _onnxruntime_outputs(imported, inputs)
+    if reference is not None:
+        comparisons.append(compare_outputs(tuned_out, reference, "onnxruntime", rtol, atol))
+    require_match(comparisons, rtol, atol)
+    return comparisons
+
+
+def measure_latencies(
+    imported: ImportedModel, untuned_exe: Any, tuned_lib: Path, build_dir: Path, inputs: list[np.ndarray]
+) -> Latencies:
+    """End-to-end latencies, each timed in its own fresh process."""
+    untuned_lib = export_library(untuned_exe, build_dir / "untuned.so")
+    references: dict[str, float] = {}
+    if imported.format is ModelFormat.ONNX and _has_onnxruntime():
+        onnx_file = build_dir / "model.onnx"
+        onnx_file.write_bytes(imported.canonical_bytes)
+        references["onnxruntime"] = latency_in_fresh_process("onnxruntime", onnx_file, inputs)
+    return Latencies(
+        untuned_ms=latency_in_fresh_process("tvm", untuned_lib, inputs),
+        tuned_ms=latency_in_fresh_process("tvm", tuned_lib, inputs),
+        references_ms=references,
+    )
+
+
+def _has_onnxruntime() -> bool:
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _onnxruntime_outputs(imported: ImportedModel, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
+    if imported.format is not ModelFormat.ONNX or not _has_onnxruntime():
+        return None
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(imported.canonical_bytes, providers=["CPUExecutionProvider"])
+    feed = {spec.name: x for spec, x in zip(imported.signature.inputs, inputs, strict=True)}
+    return [np.asarray(o) for o in session.run(None, feed)]
+
+
+__all__ = ["UNTUNED", "Latencies", "measure_latencies", "verify_outputs"]
