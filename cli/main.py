@@ -338,9 +338,7 @@ def export(
     elif what == "records":
         from tuner.artifact import write_records
 
-        workload_ids = [t.workload_id for t in store.list_tasks(job.id)]
-        scope = _State.settings.record_scope(job.owner)
-        rows = store.all_records(job.target_key, workload_ids=workload_ids, valid_only=True, owner=scope)
+        rows = store.job_records(job, _State.settings.record_scope(job.owner))
         count = write_records(rows, out, per_workload=sys.maxsize)
         console.print(f"{count} records -> {out}/database_workload.json, {out}/database_tuning_record.json")
     else:
@@ -378,7 +376,7 @@ def rpc_tracker(
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 9190,
 ) -> None:
     """Run a TVM RPC tracker in the foreground until Ctrl-C or SIGTERM."""
-    from tuner.rpc import run_until_stopped, start_tracker, stop_on_sigterm
+    from tuner.rpc.processes import run_until_stopped, start_tracker, stop_on_sigterm
 
     stop = stop_on_sigterm()
     tracker = start_tracker(host, port, silent=not logging.getLogger().isEnabledFor(logging.INFO))
@@ -395,7 +393,7 @@ def rpc_server(
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 9090,
 ) -> None:
     """Run a TVM RPC server (a measurement device) registered at a tracker, until Ctrl-C or SIGTERM."""
-    from tuner.rpc import run_until_stopped, start_server, stop_on_sigterm
+    from tuner.rpc.processes import run_until_stopped, start_server, stop_on_sigterm
 
     timeout = _State.settings.rpc_timeout_s
     stop = stop_on_sigterm()
@@ -416,7 +414,7 @@ def rpc_devices(
     tracker: Annotated[str | None, typer.Option(help="Tracker host:port (default: KILN_RPC_TRACKER)")] = None,
 ) -> None:
     """List the devices registered at an RPC tracker, by key."""
-    from tuner.rpc import tracker_summary
+    from tuner.rpc.tracker import tracker_summary
 
     address = tracker or _State.settings.rpc_tracker
     if not address:

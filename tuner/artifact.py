@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln_tvm import ms
+from tuner.entities import StoredRecord
 
 RECORDS_PER_WORKLOAD = 32
 
@@ -75,21 +76,20 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_records(
-    rows: list[tuple[int, str, str]], dest: Path, per_workload: int = RECORDS_PER_WORKLOAD
-) -> int:
+def write_records(rows: list[StoredRecord], dest: Path, per_workload: int = RECORDS_PER_WORKLOAD) -> int:
     """Write records in MetaSchedule's JSON database layout, loadable by ``ms.database.JSONDatabase``.
 
-    ``rows`` are ``(workload_id, workload_json, record_json)``; the fastest ``per_workload`` valid
-    records of each workload are kept. Returns the number of records written.
+    The fastest ``per_workload`` valid records of each workload are kept. Returns the number of records written.
     """
     dest.mkdir(parents=True, exist_ok=True)
     by_workload: dict[int, list[tuple[float, str, str]]] = defaultdict(list)
-    for wid, wjson, rjson in rows:
-        run_secs = [float(s) for s in json.loads(rjson)[1] or []]
+    for row in rows:
+        run_secs = [float(s) for s in json.loads(row.record_json)[1] or []]
         if not run_secs:
             continue
-        by_workload[wid].append((sum(run_secs) / len(run_secs), wjson, rjson))
+        by_workload[row.workload_id].append(
+            (sum(run_secs) / len(run_secs), row.workload_json, row.record_json)
+        )
     jdb = ms.database.JSONDatabase(
         path_workload=str(dest / "database_workload.json"),
         path_tuning_record=str(dest / "database_tuning_record.json"),
@@ -129,7 +129,7 @@ def export_library(executable: Any, dest: Path) -> Path:
 def pack_artifact(
     library: Path,
     manifest: dict[str, Any],
-    record_rows: list[tuple[int, str, str]],
+    record_rows: list[StoredRecord],
     dest: Path,
 ) -> ArtifactFile:
     """Pack the exported library, manifest, records and run.py into ``dest`` (.tar.gz)."""
@@ -156,16 +156,7 @@ def pack_artifact(
     return ArtifactFile(path=dest, sha256=file_sha256(dest), size_bytes=dest.stat().st_size)
 
 
-def read_manifest(artifact: Path) -> dict[str, Any]:
-    """The manifest of a packed artifact."""
-    with tarfile.open(artifact, "r:gz") as tar:
-        member = tar.extractfile("manifest.json")
-        if member is None:
-            raise FileNotFoundError(f"{artifact} has no manifest.json")
-        return json.loads(member.read())
-
-
-def records_tarball(rows: list[tuple[int, str, str]], top_dir: str = "records") -> bytes:
+def records_tarball(rows: list[StoredRecord], top_dir: str = "records") -> bytes:
     """Every valid record of ``rows`` as a .tar.gz of a MetaSchedule JSON database (for downloads)."""
     with tempfile.TemporaryDirectory(prefix="kiln-records-") as tmp:
         dest = Path(tmp) / top_dir

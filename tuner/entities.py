@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 Dim = int | str  # a concrete size, or the name of a dynamic dimension
 
@@ -243,6 +243,42 @@ class Record:
     trace: Any  # MetaSchedule trace JSON
     created_at: datetime
     error: str | None = None
+
+
+# Rows the store returns in bulk (records, timelines) are named tuples: entities by name, cheap by the
+# thousand, and still unpacked like the tuples they replace.
+
+
+class StoredWorkload(NamedTuple):
+    """A stored workload (a task's TIR) as MetaSchedule JSON."""
+
+    id: int
+    workload_json: str
+
+
+class StoredRecord(NamedTuple):
+    """A tuning record with its workload, both as MetaSchedule JSON (what a JSON database holds)."""
+
+    workload_id: int
+    workload_json: str
+    record_json: str
+
+
+class BestRecord(NamedTuple):
+    """A workload's fastest valid record."""
+
+    workload_json: str
+    record_json: str
+    mean_run_sec: float
+
+
+class TimelineEntry(NamedTuple):
+    """One record of a job, in commit order: its latency (None when the candidate failed)."""
+
+    record_id: int
+    workload_id: int
+    latency_us: float | None
+    at: datetime
 
 
 @dataclass(frozen=True)

@@ -141,13 +141,12 @@ def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) 
     found = store.best_record(task.workload_id, job.target_key, scope)
     if found is None:
         raise NotFound(f"task '{task.name}' has no successfully measured schedule yet")
-    workload_json, record_json, mean_run_sec = found
-    record_data = json.loads(record_json)
-    workload = ms.database.Workload.from_json(json.loads(workload_json))
+    record_data = json.loads(found.record_json)
+    workload = ms.database.Workload.from_json(json.loads(found.workload_json))
     record = ms.database.TuningRecord.from_json(record_data, workload)
     sch = s_tir.Schedule(workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
-    latency_us = mean_run_sec * 1e6
+    latency_us = found.mean_run_sec * 1e6
     return BestSchedule(
         latency_us=latency_us,
         gflops=task.flops / (latency_us * 1e-6) / 1e9 if task.flops else None,
@@ -194,10 +193,12 @@ class JobCurve:
 def task_curve(store: Store, job: Job, task: Task) -> list[TaskCurvePoint]:
     """Every trial the job measured for ``task``, with the best so far."""
     points, best = [], None
-    for index, (record_id, _, latency_us, at) in enumerate(store.job_timeline(job.id, task.workload_id), 1):
-        if latency_us is not None and (best is None or latency_us < best):
-            best = latency_us
-        points.append(TaskCurvePoint(index, record_id, latency_us, best, at, _elapsed(job, at)))
+    for index, entry in enumerate(store.job_timeline(job.id, task.workload_id), start=1):
+        if entry.latency_us is not None and (best is None or entry.latency_us < best):
+            best = entry.latency_us
+        points.append(
+            TaskCurvePoint(index, entry.record_id, entry.latency_us, best, entry.at, _elapsed(job, entry.at))
+        )
     return points
 
 
@@ -210,22 +211,30 @@ def job_curve(store: Store, job: Job, scope: str | None) -> JobCurve:
     warm: dict[int, float] = {}
     if timeline:
         for t in tasks:
-            best = store.best_latency_before(t.workload_id, job.target_key, timeline[0][0], scope)
+            best = store.best_latency_before(t.workload_id, job.target_key, timeline[0].record_id, scope)
             if best is not None:
                 warm[t.id] = best
     bests: dict[int, float] = dict(warm)
     points = []
-    for index, (record_id, workload_id, latency_us, at) in enumerate(timeline, start=1):
-        task = task_of.get(workload_id)
+    for index, entry in enumerate(timeline, start=1):
+        task = task_of.get(entry.workload_id)
         if task is None:
             continue
+        latency_us = entry.latency_us
         if latency_us is not None and (task.id not in bests or latency_us < bests[task.id]):
             bests[task.id] = latency_us
         complete = all(t.id in bests for t in tasks)
         estimate = sum(t.weight * bests[t.id] for t in tasks) if complete else None
         points.append(
             JobCurvePoint(
-                index, task.id, record_id, latency_us, bests.get(task.id), estimate, at, _elapsed(job, at)
+                index,
+                task.id,
+                entry.record_id,
+                latency_us,
+                bests.get(task.id),
+                estimate,
+                entry.at,
+                _elapsed(job, entry.at),
             )
         )
     return JobCurve(points=points, warm_start_us=warm)

@@ -29,11 +29,11 @@ from tuner.compile import (
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
 from tuner.errors import Conflict, InvalidSpec, KilnError, MissingInputShape, TuningFailed
 from tuner.frontend import ImportedModel, check_given_shape, load_model
+from tuner.metaschedule.database import KilnDatabase
 from tuner.models import model_file
-from tuner.rpc import check_runner, validate_runner
+from tuner.rpc.tracker import check_runner, validate_runner
 from tuner.sandbox import SandboxLimits, is_out_of_memory, memory_limit
 from tuner.settings import Settings
-from tuner.store.ms_database import KilnDatabase
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
 from tuner.tasks import GraphPlan, plan_graph
@@ -328,8 +328,7 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
     listener.stage("packaging")
     tasks = store.list_tasks(job.id)
     manifest = _manifest(job, model, imported, plan, tasks, latency, comparisons, settings)
-    workload_ids = [t.workload_id for t in tasks]
-    rows = store.all_records(job.target_key, workload_ids=workload_ids, valid_only=True, owner=scope)
+    rows = store.job_records(job, scope)
     packed = pack_artifact(tuned_lib, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
     shutil.rmtree(build_dir, ignore_errors=True)
     artifact = store.add_artifact(job.id, str(packed.path.resolve()), packed.sha256, packed.size_bytes)

@@ -17,11 +17,11 @@ from kiln_tvm import (
     register_cpu_tensor_intrinsics,
 )
 from schedules.spaces import space_for
-from tuner.builder import PooledBuilder
 from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
-from tuner.rpc import make_rpc_runner
-from tuner.runner import ExclusiveRunner
+from tuner.metaschedule.builder import PooledBuilder
+from tuner.metaschedule.rpc_runner import make_rpc_runner
+from tuner.metaschedule.runner import ExclusiveRunner
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from service.deps import OwnerDep, StateDep
 from service.schemas import DeviceOut, DevicesOut, ErrorOut
-from tuner.rpc import tracker_summary
+from tuner.rpc.tracker import tracker_summary
 
 router = APIRouter(prefix="/api/v1/devices", tags=["devices"])
 

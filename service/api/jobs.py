@@ -258,13 +258,7 @@ def job_artifact(job_id: str, state: StateDep, owner: OwnerDep) -> FileResponse:
 )
 def job_records(job_id: str, state: StateDep, owner: OwnerDep) -> Response:
     job = state.store.get_job(job_id, owner)
-    workload_ids = [t.workload_id for t in state.store.list_tasks(job.id)]
-    rows = state.store.all_records(
-        job.target_key,
-        workload_ids=workload_ids,
-        valid_only=True,
-        owner=state.settings.record_scope(job.owner),
-    )
+    rows = state.store.job_records(job, state.settings.record_scope(job.owner))
     return Response(
         records_tarball(rows),
         media_type="application/gzip",

@@ -7,7 +7,7 @@ import tvm
 from tvm.script import tirx as T
 
 from kiln_tvm import ms
-from tuner.builder import PooledBuilder
+from tuner.metaschedule.builder import PooledBuilder
 from tuner.tune import MeasureConfig, make_runner
 
 pytestmark = pytest.mark.slow

@@ -19,16 +19,10 @@ from tests.models import build_mlp
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import DeviceUnavailable, InvalidSpec
 from tuner.job import run_job, submit_job
+from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.models import register_model
-from tuner.rpc import (
-    DeviceQueue,
-    RPCProcess,
-    check_runner,
-    make_rpc_runner,
-    start_server,
-    start_tracker,
-    tracker_summary,
-)
+from tuner.rpc.processes import RPCProcess, start_server, start_tracker
+from tuner.rpc.tracker import DeviceQueue, check_runner, tracker_summary
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target

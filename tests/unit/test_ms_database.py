@@ -14,8 +14,8 @@ import pytest
 
 from kiln_tvm import ms, register_cpu_tensor_intrinsics, s_tir, structural_hash, tvm
 from tuner.entities import JobSpec, ModelFormat, ModelSignature
+from tuner.metaschedule.database import KilnDatabase
 from tuner.store import Store
-from tuner.store.ms_database import KilnDatabase
 
 TARGET_KEY = "llvm|test-cpu|num-cores=2"
 OTHER_TARGET_KEY = "llvm|another-cpu|num-cores=2"

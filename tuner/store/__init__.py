@@ -1,7 +1,7 @@
 """Kiln's storage layer: the only package that uses SQLAlchemy.
 
-:class:`Store` (``tuner.store.sql``) owns sessions and returns entities; ``tuner.store.ms_database``
-adapts it to MetaSchedule's ``Database`` interface (it imports TVM, so it is not imported here).
+:class:`Store` (``tuner.store.sql``) owns sessions and returns entities;
+``tuner.metaschedule.database`` adapts it to MetaSchedule's ``Database`` interface.
 """
 
 from __future__ import annotations

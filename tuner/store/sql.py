@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.entities import (
     Artifact,
+    BestRecord,
     FusionSummary,
     Job,
     JobSpec,
@@ -39,8 +40,11 @@ from tuner.entities import (
     ModelSignature,
     PlanError,
     Record,
+    StoredRecord,
+    StoredWorkload,
     Task,
     TaskInfo,
+    TimelineEntry,
 )
 from tuner.errors import Conflict, NotFound, SchemaOutdated
 from tuner.store.models import (
@@ -742,15 +746,15 @@ class Store:
 
     # ---- workloads ---------------------------------------------------------------------------------
 
-    def find_workloads(self, shash: str) -> list[tuple[int, str]]:
-        """``(id, workload_json)`` of every workload with this structural hash, oldest first."""
+    def find_workloads(self, shash: str) -> list[StoredWorkload]:
+        """Every workload with this structural hash, oldest first."""
         with self.session_scope(write=False) as s:
             rows = s.execute(
                 sa.select(WorkloadRow.id, WorkloadRow.workload_json)
                 .where(WorkloadRow.shash == shash)
                 .order_by(WorkloadRow.id)
             )
-            return [(wid, wjson) for wid, wjson in rows]
+            return [StoredWorkload(wid, wjson) for wid, wjson in rows]
 
     def add_workload(self, shash: str, workload_json: str, tir_script: str) -> int:
         """Store a workload and return its id; an identical one (same hash and JSON) is reused.
@@ -873,6 +877,12 @@ class Store:
             s.flush()
             return row.id
 
+    def job_records(self, job: Job, owner: str | None = None) -> list[StoredRecord]:
+        """The valid records of a job's tasks' workloads on its target (of ``owner``'s jobs when given):
+        what its artifact ships and its record download holds."""
+        workload_ids = [t.workload_id for t in self.list_tasks(job.id)]
+        return self.all_records(job.target_key, workload_ids=workload_ids, valid_only=True, owner=owner)
+
     def top_records(self, workload_id: int, target_key: str, k: int, owner: str | None = None) -> list[str]:
         """``record_json`` of the ``k`` fastest valid records of a workload on a target, fastest first.
 
@@ -900,8 +910,8 @@ class Store:
         job_id: str | None = None,
         valid_only: bool = False,
         owner: str | None = None,
-    ) -> list[tuple[int, str, str]]:
-        """``(workload_id, workload_json, record_json)`` of a target's records, in commit order."""
+    ) -> list[StoredRecord]:
+        """A target's records with their workloads, in commit order."""
         query = (
             sa.select(TuningRecordRow.workload_id, WorkloadRow.workload_json, TuningRecordRow.record_json)
             .join(WorkloadRow, WorkloadRow.id == TuningRecordRow.workload_id)
@@ -918,7 +928,9 @@ class Store:
         if valid_only:
             query = query.where(TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT)
         with self.session_scope(write=False) as s:
-            return [(wid, wjson, rjson) for wid, wjson, rjson in s.execute(_of_owner(query, owner))]
+            return [
+                StoredRecord(wid, wjson, rjson) for wid, wjson, rjson in s.execute(_of_owner(query, owner))
+            ]
 
     def list_records(
         self, job_id: str | None = None, workload_id: int | None = None, target_key: str | None = None
@@ -946,11 +958,8 @@ class Store:
         with self.session_scope(write=False) as s:
             return int(s.scalar(query) or 0)
 
-    def job_timeline(
-        self, job_id: str, workload_id: int | None = None
-    ) -> list[tuple[int, int, float | None, datetime]]:
-        """``(record id, workload id, mean latency in us or None if it failed, committed at)`` of a job's
-        records (of one workload when given), in commit order."""
+    def job_timeline(self, job_id: str, workload_id: int | None = None) -> list[TimelineEntry]:
+        """A job's records (of one workload when given), in commit order."""
         query = (
             sa.select(
                 TuningRecordRow.id,
@@ -965,7 +974,7 @@ class Store:
             query = query.where(TuningRecordRow.workload_id == workload_id)
         with self.session_scope(write=False) as s:
             return [
-                (rid, wid, sec * 1e6 if _is_valid(sec) else None, at)
+                TimelineEntry(rid, wid, sec * 1e6 if _is_valid(sec) else None, at)
                 for rid, wid, sec, at in s.execute(query)
             ]
 
@@ -993,10 +1002,8 @@ class Store:
         with self.session_scope(write=False) as s:
             return {wid: int(n) for wid, n in s.execute(query)}
 
-    def best_record(
-        self, workload_id: int, target_key: str, owner: str | None = None
-    ) -> tuple[str, str, float] | None:
-        """``(workload_json, record_json, mean_run_sec)`` of a workload's fastest valid record."""
+    def best_record(self, workload_id: int, target_key: str, owner: str | None = None) -> BestRecord | None:
+        """A workload's fastest valid record."""
         query = (
             sa.select(WorkloadRow.workload_json, TuningRecordRow.record_json, TuningRecordRow.mean_run_sec)
             .join(WorkloadRow, WorkloadRow.id == TuningRecordRow.workload_id)
@@ -1010,7 +1017,7 @@ class Store:
         )
         with self.session_scope(write=False) as s:
             row = s.execute(_of_owner(query, owner)).first()
-            return (row[0], row[1], float(row[2])) if row is not None else None
+            return BestRecord(row[0], row[1], float(row[2])) if row is not None else None
 
     def best_latency_us(self, workload_id: int, target_key: str, owner: str | None = None) -> float | None:
         """The fastest valid mean run time of a workload on a target, in microseconds."""

@@ -74,12 +74,12 @@ class KilnDatabase(ms.database.PyDatabase):
             workload = self._workloads[workload_id]
             if structural_equal(workload.mod, mod):
                 return workload_id, workload
-        for workload_id, workload_json in self.store.find_workloads(shash):
-            if workload_id in self._workloads:
+        for stored in self.store.find_workloads(shash):
+            if stored.id in self._workloads:
                 continue
-            workload = self._load(workload_id, workload_json)
+            workload = self._load(stored.id, stored.workload_json)
             if structural_equal(workload.mod, mod):
-                return workload_id, workload
+                return stored.id, workload
         return None
 
     def workload_id(self, mod: tvm.IRModule) -> int | None:
@@ -144,10 +144,10 @@ class KilnDatabase(ms.database.PyDatabase):
     def get_all_tuning_records(self) -> list[TuningRecord]:
         """Every record (valid or failed) of this database's target, in commit order."""
         return [
-            TuningRecord.from_json(json.loads(record_json), self._load(workload_id, workload_json))
-            for workload_id, workload_json, record_json in self.store.all_records(
-                self.target_key, owner=self.owner
+            TuningRecord.from_json(
+                json.loads(row.record_json), self._load(row.workload_id, row.workload_json)
             )
+            for row in self.store.all_records(self.target_key, owner=self.owner)
         ]
 
     def __len__(self) -> int:
