@@ -186,20 +186,10 @@ def tune(
 ) -> None:
     """Tune a model and write a compiled, verified artifact."""
     from tuner.fatal_signals import report_fatal_signals
-    from tuner.frontend import parse_input_shapes
     from tuner.job import run_job
 
     settings = _State.settings
-    shapes = parse_input_shapes(input_shape or [])
-    spec = JobSpec(
-        model_id="",
-        target=target,  # type: ignore[arg-type]  # resolved by _queue
-        trials=trials,
-        max_trials_per_task=per_task,
-        seed=seed,
-        input_shapes=shapes,
-        cost_model=cost_model,
-    )
+    spec = _job_spec(target, trials, per_task, seed, input_shape, cost_model, {"kind": "local"})
     store = _store()
     info, job = _queue(store, model, spec, name, owner)
     console.print(
@@ -453,24 +443,36 @@ def submit(
     owner: OwnerOpt = "",
 ) -> None:
     """Queue a tuning job for the workers (`kiln serve` or `kiln worker`) and print its id."""
-    from tuner.frontend import parse_input_shapes
-
-    shapes = parse_input_shapes(input_shape or [])
     runner: dict[str, Any] = {"kind": "local"}
     if rpc_tracker or rpc_key:
         runner = {"kind": "rpc", "tracker": rpc_tracker or _State.settings.rpc_tracker, "key": rpc_key}
-    spec = JobSpec(
+    spec = _job_spec(target, trials, per_task, seed, input_shape, cost_model, runner)
+    info, job = _queue(_store(), model, spec, name, owner)
+    console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
+
+
+def _job_spec(
+    target: str,
+    trials: int,
+    per_task: int | None,
+    seed: int,
+    input_shape: list[str] | None,
+    cost_model: str,
+    runner: dict[str, Any],
+) -> JobSpec:
+    """The job the tune and submit options ask for, on a model not yet stored."""
+    from tuner.frontend import parse_input_shapes
+
+    return JobSpec(
         model_id="",
         target=target,  # type: ignore[arg-type]  # resolved by _queue
         trials=trials,
         max_trials_per_task=per_task,
         seed=seed,
-        input_shapes=shapes,
+        input_shapes=parse_input_shapes(input_shape or []),
         runner=runner,
         cost_model=cost_model,
     )
-    info, job = _queue(_store(), model, spec, name, owner)
-    console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
 
 
 def _queue(store: Store, model: Path, spec: JobSpec, name: str | None, owner: str) -> tuple[ModelInfo, Job]:
