@@ -548,7 +548,7 @@ def serve(
         overrides["insecure"] = True
     settings = _State.settings.model_copy(update=overrides)
     store = _store_for(settings)
-    from service.auth import auth_required, is_loopback
+    from service.auth import is_loopback
 
     public = not is_loopback(settings.host)
     has_tokens = bool(settings.api_tokens or store.has_tokens())
@@ -566,9 +566,9 @@ def serve(
             )
     if settings.insecure and settings.auth is None and not has_tokens:
         settings = settings.model_copy(update={"auth": "off"})
-    required = auth_required(settings, store)
     _log_to_console()
     app_ = create_app(settings, store=store)
+    required = app_.state.kiln.auth.required
     shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     console.print(
         f"Kiln serving on [bold]http://{shown}:{settings.port}/[/] (API docs at /docs) with "

@@ -47,14 +47,11 @@ def auth_required(settings: Settings, store: Store) -> bool:
 class Authenticator:
     """Turns an ``Authorization`` header into the owner name the request acts as."""
 
-    def __init__(self, settings: Settings, store: Store, required: bool | None = None) -> None:
+    def __init__(self, settings: Settings, store: Store) -> None:
         self.env_tokens = parse_tokens(settings.api_tokens)
         self.store = store
-        self.required = auth_required(settings, store) if required is None else required
-
-    def enabled(self) -> bool:
-        """Whether requests must carry a token (fixed for the life of the server)."""
-        return self.required
+        # Whether requests must carry a token: fixed for the life of the server.
+        self.required = auth_required(settings, store)
 
     def owner(self, authorization: str | None) -> str:
         """The owner of the request; :class:`Unauthorized` when a token is needed and missing or wrong."""

@@ -18,6 +18,8 @@ from tuner.store.sql import Store
 BLOB_SUFFIX = {ModelFormat.ONNX: ".onnx", ModelFormat.TORCH_EXPORT: ".pt2"}
 # Where uploads are spooled while they are imported: one private folder per upload.
 UPLOAD_SPOOL_PREFIX = "upload-"
+# A blob being written by an import, renamed to its sha256 name once complete.
+BLOB_TMP_PREFIX = ".upload-"
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -46,11 +48,8 @@ def register_model(
         "blob_dir": str(settings.blob_dir.resolve()),
         "max_unpacked_mb": settings.max_unpacked_mb,
     }
-    if sandbox is None:
-        with ModelSandbox(settings, warm_processes=0) as own:
-            found = own.run("inspect", args, cancelled)
-    else:
-        found = sandbox.run("inspect", args, cancelled)
+    with contextlib.nullcontext(sandbox) if sandbox else ModelSandbox(settings, warm_processes=0) as box:
+        found = box.run("inspect", args, cancelled)
     tmp_blob = Path(found["blob_tmp"])
     try:
         fmt = ModelFormat(found["format"])
@@ -80,10 +79,14 @@ def model_file(store: Store, settings: Settings, model_id: str) -> Path:
     return settings.blob_dir / store.model_blob_path(model_id)
 
 
+def base_name(name: str | None) -> str:
+    """The last component of a client's path-like file name (``/`` or ``\\`` separated)."""
+    return (name or "").replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def safe_file_name(name: str | None, default: str) -> str:
     """A plain base name (letters, digits, ``._-``; no path, not hidden) for a client's file name."""
-    base = (name or "").replace("\\", "/").rsplit("/", 1)[-1]
-    cleaned = _UNSAFE_NAME_CHARS.sub("_", base).strip("._")[-128:]
+    cleaned = _UNSAFE_NAME_CHARS.sub("_", base_name(name)).strip("._")[-128:]
     return cleaned or default
 
 
@@ -101,7 +104,7 @@ def clean_upload_spools(settings: Settings, older_than_s: float) -> int:
     removed = 0
     cutoff = time.time() - older_than_s
     leftovers = [*upload_spool(settings).glob(UPLOAD_SPOOL_PREFIX + "*")]
-    leftovers += [*settings.blob_dir.glob(".upload-*")]
+    leftovers += [*settings.blob_dir.glob(BLOB_TMP_PREFIX + "*")]
     for leftover in leftovers:
         with contextlib.suppress(OSError):
             if leftover.stat().st_mtime < cutoff:

@@ -288,7 +288,7 @@ def memory_limit(memory_mb: int) -> Iterator[None]:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    wanted = data_segment_bytes() + (memory_mb << 20)
+    wanted = data_limit_bytes(memory_mb)
     if hard != resource.RLIM_INFINITY:
         wanted = min(wanted, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (wanted, hard))
@@ -296,6 +296,11 @@ def memory_limit(memory_mb: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def data_limit_bytes(memory_mb: int) -> int:
+    """An ``RLIMIT_DATA`` that lets this process allocate ``memory_mb`` MiB more than it holds now."""
+    return data_segment_bytes() + (memory_mb << 20)
 
 
 def data_segment_bytes() -> int:

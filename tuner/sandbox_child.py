@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InvalidModel, KilnError
-from tuner.sandbox import data_segment_bytes, is_out_of_memory
+from tuner.models import BLOB_TMP_PREFIX
+from tuner.sandbox import data_limit_bytes, is_out_of_memory
 
 
 def op_inspect(
@@ -44,7 +45,7 @@ def op_inspect(
         max_unpacked_bytes=max_unpacked_mb << 20,
     )
     Path(blob_dir).mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=blob_dir, prefix=".upload-")
+    fd, tmp = tempfile.mkstemp(dir=blob_dir, prefix=BLOB_TMP_PREFIX)
     with os.fdopen(fd, "wb") as out:
         out.write(imported.canonical_bytes)
     return {
@@ -87,7 +88,7 @@ def _shapes(shapes: dict[str, list[int]] | None) -> dict[str, tuple[int, ...]] |
 
 def _apply_limits(limits: dict[str, Any]) -> None:
     # Counted from now: loading TVM (before the request came) is not the request's memory or time.
-    data = data_segment_bytes() + (int(limits["memory_mb"]) << 20)
+    data = data_limit_bytes(int(limits["memory_mb"]))
     resource.setrlimit(resource.RLIMIT_DATA, (data, data))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = int(usage.ru_utime + usage.ru_stime + float(limits["cpu_s"])) + 1

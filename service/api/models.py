@@ -18,7 +18,7 @@ from service.schemas import ErrorOut, ModelOut, ModelTasksOut
 from tuner.entities import ModelInfo, ModelPlan
 from tuner.errors import InvalidSpec
 from tuner.inspection import plan_model
-from tuner.models import UPLOAD_SPOOL_PREFIX, register_model, safe_file_name, upload_spool
+from tuner.models import UPLOAD_SPOOL_PREFIX, base_name, register_model, safe_file_name, upload_spool
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])
 
@@ -67,8 +67,7 @@ async def upload_model(
     input_shapes: Annotated[str | None, Form(description='JSON, e.g. {"x": [1, 3, 224, 224]}')] = None,
 ) -> ModelOut:
     shapes = parse_shapes(input_shapes)
-    given = (file.filename or "").replace("\\", "/").rsplit("/", 1)[-1]
-    if given in (".", ".."):
+    if base_name(file.filename) in (".", ".."):
         raise InvalidSpec(
             f"the upload's file name {file.filename!r} is not a file name; send e.g. 'model.onnx'"
         )

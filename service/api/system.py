@@ -29,7 +29,7 @@ def healthz(state: StateDep) -> HealthOut | JSONResponse:
         database=state.store.backend,
         schema_revision=revision,
         embedded_workers=state.settings.embedded_workers,
-        auth=state.auth.enabled(),
+        auth=state.auth.required,
     )
 
 
