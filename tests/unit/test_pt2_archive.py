@@ -31,10 +31,10 @@ def test_torch_load_stays_restricted_even_when_asked_not_to_be(tmp_path: Path) -
     # What torch.export.load's fallback does: it must not run the pickle once Kiln has loaded a program.
     import io
 
-    from tuner.frontend import _import_torch
+    from tuner.frontend.torch import import_torch
 
     marker = tmp_path / "pwned"
-    _import_torch()
+    import_torch()
     with pytest.raises(Exception, match="(?i)weights only|weights_only"):
         torch.load(io.BytesIO(code_pickle(marker)), weights_only=False)
     assert not marker.exists()

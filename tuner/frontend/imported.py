@@ -1,0 +1,153 @@
+"""What both importers share: the imported model, TVM's importers through the gate, and the checks
+and error mapping of the Relax module an importer returns."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from tuner.entities import Dim, ModelFormat, ModelSignature, TensorSpec
+from tuner.errors import InvalidModel, KilnError, UnsupportedOperator
+from tuner.frontend.shapes import UNKNOWN_RANK
+
+if TYPE_CHECKING:
+    from kiln_tvm import tvm
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImportedModel:
+    """A model imported into Relax, with every input shape static."""
+
+    mod: tvm.IRModule
+    signature: ModelSignature  # concrete input shapes; outputs as the imported ``main`` returns them
+    format: ModelFormat
+    sha256: str  # of ``canonical_bytes``
+    canonical_bytes: bytes  # the model as one blob: ONNX with external data inlined, or the .pt2 file
+
+
+def short_error(err: BaseException, limit: int = 600) -> str:
+    """An exception as one short line of text (TVM errors can carry long backtraces)."""
+    text = str(err).strip() or type(err).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    text = " ".join(lines[:4])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def tvm_frontends() -> ModuleType:
+    """TVM's importers, through the gate (imported on first use: reading a signature needs no TVM)."""
+    from kiln_tvm import frontends
+
+    return frontends
+
+
+def conversion_error(
+    err: Exception, importer: str, model_name: str, op: str | None, node_name: str | None
+) -> KilnError:
+    """Map an exception of a TVM importer to UnsupportedOperator (a form of an operator it lacks) or
+    InvalidModel (anything else), keeping TVM's message."""
+    detail = short_error(err)
+    if op is None:
+        return InvalidModel(f"the {importer} importer could not convert '{model_name}': {detail}")
+    if isinstance(err, NotImplementedError):  # includes tvm.error.OpNotImplemented
+        typed = UnsupportedOperator(operators=[op], importer=importer)
+        typed.message = f"{typed.message} as node '{node_name}' uses it: {detail}"
+        typed.args = (typed.message,)
+        return typed
+    return InvalidModel(
+        f"the {importer} importer could not convert node '{node_name}' ({op}) of '{model_name}': {detail}"
+    )
+
+
+@contextlib.contextmanager
+def quiet_importer(what: str) -> Iterator[None]:
+    """Keep an importer's prints and warnings out of the user's terminal; log them at debug level."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for w in caught:
+                log.debug("%s: %s", what, w.message)
+            if out.getvalue().strip():
+                log.debug("%s printed: %s", what, out.getvalue().strip()[:2000])
+
+
+def static_int(value: Any) -> int | None:
+    from kiln_tvm import tvm
+
+    return int(value.value) if isinstance(value, tvm.tirx.IntImm) else None
+
+
+def _type_specs(name: str, ty: Any) -> list[TensorSpec]:
+    """TensorSpecs of a Relax value's type (a tuple is flattened)."""
+    from kiln_tvm import relax
+
+    if isinstance(ty, relax.TensorType):
+        shape = ty.shape
+        if isinstance(shape, relax.ShapeExpr):
+            dims: tuple[Dim, ...] = tuple(
+                d if (d := static_int(v)) is not None else str(v) for v in shape.values
+            )
+        elif ty.ndim >= 0:
+            dims = tuple(f"dim{i}" for i in range(ty.ndim))
+        else:
+            dims = UNKNOWN_RANK
+        return [TensorSpec(name=name, shape=dims, dtype=str(ty.dtype))]
+    if isinstance(ty, relax.ShapeType):
+        return [TensorSpec(name=name, shape=(int(ty.ndim),) if ty.ndim >= 0 else UNKNOWN_RANK, dtype="int64")]
+    if isinstance(ty, relax.PrimType):
+        return [TensorSpec(name=name, shape=(), dtype=str(ty.dtype))]
+    if isinstance(ty, relax.TupleType):
+        specs: list[TensorSpec] = []
+        for i, field in enumerate(ty.fields):
+            specs.extend(_type_specs(f"{name}.{i}", field))
+        return specs
+    return [TensorSpec(name=name, shape=(), dtype=type(ty).__name__)]
+
+
+def output_specs(mod: tvm.IRModule, names: list[str]) -> tuple[TensorSpec, ...]:
+    """Outputs of ``main`` named after ``names`` (one per top-level result)."""
+    from kiln_tvm import relax
+
+    ret = mod["main"].ret_ty
+    fields = list(ret.fields) if isinstance(ret, relax.TupleType) and len(names) != 1 else [ret]
+    specs: list[TensorSpec] = []
+    for i, ty in enumerate(fields):
+        specs.extend(_type_specs(names[i] if i < len(names) else f"output_{i}", ty))
+    return tuple(specs)
+
+
+def check_param_count(mod: tvm.IRModule, model_name: str, inputs: tuple[TensorSpec, ...]) -> None:
+    params = mod["main"].params
+    if len(params) != len(inputs):
+        raise InvalidModel(
+            f"importing '{model_name}' gave a function of {len(params)} inputs, but the model declares "
+            f"{len(inputs)}: {', '.join(s.name for s in inputs)}"
+        )
+
+
+def check_static_params(mod: tvm.IRModule, model_name: str, inputs: tuple[TensorSpec, ...]) -> None:
+    from kiln_tvm import relax
+
+    check_param_count(mod, model_name, inputs)
+    for param in mod["main"].params:
+        ty = param.ty
+        if (
+            isinstance(ty, relax.TensorType)
+            and isinstance(ty.shape, relax.ShapeExpr)
+            and all(static_int(v) is not None for v in ty.shape.values)
+        ):
+            continue
+        raise InvalidModel(
+            f"importing '{model_name}' left input '{param.name}' without a static shape ({ty}); "
+            "give every input's shape with --input-shape"
+        )

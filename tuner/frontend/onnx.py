@@ -1,0 +1,273 @@
+"""ONNX import: parse and check the file, inline external data, refuse operators TVM lacks, convert."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner.entities import Dim, ModelFormat, ModelSignature, TensorSpec
+from tuner.errors import InvalidModel, UnsupportedOperator
+from tuner.frontend.imported import (
+    ImportedModel,
+    check_static_params,
+    conversion_error,
+    output_specs,
+    quiet_importer,
+    short_error,
+    tvm_frontends,
+)
+from tuner.frontend.shapes import UNKNOWN_RANK, resolve_input_shapes
+
+if TYPE_CHECKING:
+    import onnx
+
+#: Oldest ONNX opset accepted. TVM's converters handle the pre-13 forms of the operators whose inputs
+#: changed at opset 13 (Softmax, Squeeze, ReduceSum, Split...; checked against onnxruntime at opsets 10
+#: and 11), but below 11 some fail (Slice and Upsample at opset 9) or would read their inputs with
+#: newer semantics (Resize at opset 10).
+MIN_ONNX_OPSET = 11
+
+_ONNX_HANDLED_OUTSIDE_MAP = frozenset({"If", "Constant"})  # converted by the importer's own loop
+_ONNX_DTYPE_NAMES = {"object": "string"}
+
+
+def parse_model(path: Path, data: bytes) -> onnx.ModelProto:
+    """Parse the bytes of an ONNX file and check it has the parts of a model."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    what = f"could not parse '{path.name}' as an ONNX model"
+    if not data:
+        raise InvalidModel(f"{what}: the file is empty (0 bytes)")
+    try:
+        model = onnx.load_model_from_string(data)
+    except (DecodeError, RuntimeError, ValueError) as err:
+        raise InvalidModel(
+            f"{what}: the file is truncated or corrupt ({len(data)} bytes; protobuf says: {short_error(err)})"
+        ) from None
+    if model.ir_version <= 0:
+        raise InvalidModel(f"{what}: it has no IR version, so it is not an ONNX file (or it is corrupt)")
+    if not model.HasField("graph") or not model.graph.output:
+        raise InvalidModel(f"{what}: it has no graph with outputs (truncated or corrupt file?)")
+    if model.ir_version < 3:
+        raise InvalidModel(f"'{path.name}' uses ONNX IR version {model.ir_version}; Kiln needs 3 or newer")
+    return model
+
+
+def _onnx_opset(model: onnx.ModelProto) -> int | None:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return None
+
+
+def _check_onnx_opset(model: onnx.ModelProto, name: str) -> None:
+    opset = _onnx_opset(model)
+    if opset is None:
+        raise InvalidModel(f"'{name}' does not declare an opset for the default ONNX domain")
+    if opset < MIN_ONNX_OPSET:
+        raise InvalidModel(
+            f"'{name}' uses ONNX opset {opset}; Kiln imports opset {MIN_ONNX_OPSET} or newer. Convert it "
+            'first: python -c "import onnx, onnx.version_converter as vc; '
+            f"onnx.save(vc.convert_version(onnx.load('{name}'), 17), 'opset17.onnx')\""
+        )
+
+
+def _onnx_dtype(elem_type: int) -> str:
+    import onnx
+
+    if elem_type == onnx.TensorProto.UNDEFINED:
+        return "unknown"
+    try:
+        name = onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
+    except (KeyError, ValueError, TypeError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+    return _ONNX_DTYPE_NAMES.get(name, name)
+
+
+def _onnx_value_spec(value: onnx.ValueInfoProto, model_name: str) -> TensorSpec:
+    kind = value.type.WhichOneof("value")
+    if kind is None:
+        return TensorSpec(name=value.name, shape=UNKNOWN_RANK, dtype="unknown")
+    if kind != "tensor_type":
+        what = kind.removesuffix("_type")
+        raise InvalidModel(
+            f"'{model_name}': '{value.name}' is a {what}, not a tensor; Kiln imports models whose inputs "
+            "and outputs are tensors"
+        )
+    tensor = value.type.tensor_type
+    dtype = _onnx_dtype(tensor.elem_type)
+    if not tensor.HasField("shape"):
+        return TensorSpec(name=value.name, shape=UNKNOWN_RANK, dtype=dtype)
+    dims: list[Dim] = []
+    for i, dim in enumerate(tensor.shape.dim):
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        elif dim.HasField("dim_param") and dim.dim_param:
+            dims.append(dim.dim_param)
+        else:
+            dims.append(f"dim{i}")
+    return TensorSpec(name=value.name, shape=tuple(dims), dtype=dtype)
+
+
+def model_signature(model: onnx.ModelProto, model_name: str) -> ModelSignature:
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    inputs = tuple(_onnx_value_spec(v, model_name) for v in graph.input if v.name not in initializers)
+    outputs = tuple(_onnx_value_spec(v, model_name) for v in graph.output)
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def _onnx_subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
+
+
+def _onnx_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a graph, including those in subgraphs of If, Loop and Scan."""
+    for node in graph.node:
+        yield node
+        for sub in _onnx_subgraphs(node):
+            yield from _onnx_nodes(sub)
+
+
+def _onnx_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers and attribute tensors of a graph and its subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+        for sub in _onnx_subgraphs(node):
+            yield from _onnx_tensors(sub)
+
+
+def _inline_external_data(model: onnx.ModelProto, path: Path, allowed: bool) -> bool:
+    """Load tensors stored beside the file into the model; True when there were any.
+
+    Only relative locations inside the model's folder are read; when ``allowed`` is False (an upload)
+    any external tensor is refused with the same message, whatever the file system holds.
+    """
+    from onnx import external_data_helper as ext
+
+    tensors = [t for t in _onnx_tensors(model.graph) if ext.uses_external_data(t)]
+    for fn in model.functions:
+        for node in fn.node:
+            for attr in node.attribute:
+                if attr.HasField("t") and ext.uses_external_data(attr.t):
+                    tensors.append(attr.t)
+    for tensor in tensors:
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not allowed:
+            raise InvalidModel(
+                f"'{path.name}' keeps tensor '{tensor.name}' in an external data file; an upload is one "
+                "file, so save the model with its weights inline: onnx.save(model, 'model.onnx', "
+                "save_as_external_data=False) (up to protobuf's 2 GiB)"
+            )
+        parts = Path(location).parts
+        if not location or Path(location).is_absolute() or ".." in parts or "\\" in location:
+            raise InvalidModel(
+                f"'{path.name}' keeps tensor '{tensor.name}' in external data at {location!r}, which is not "
+                "a relative path inside the model's folder"
+            )
+        if not (path.parent / location).is_file():
+            raise InvalidModel(
+                f"'{path.name}' keeps tensor '{tensor.name}' in an external data file '{location}', which "
+                "is not next to it"
+            )
+        try:
+            # onnx refuses locations outside the model's directory (and symbolic links)
+            ext.load_external_data_for_tensor(tensor, str(path.parent))
+        except Exception as err:  # noqa: BLE001 - onnx raises several types for bad locations/offsets
+            raise InvalidModel(
+                f"could not load external data '{location}' of tensor '{tensor.name}' for "
+                f"'{path.name}': {short_error(err)}"
+            ) from None
+        # load_external_data_for_tensor sets data_location=DEFAULT explicitly; clear it so the model
+        # serializes to the same bytes as one saved with its weights inline.
+        tensor.ClearField("data_location")
+    return bool(tensors)
+
+
+def _unsupported_onnx_ops(model: onnx.ModelProto) -> list[str]:
+    supported = tvm_frontends().onnx_convert_map().keys() | _ONNX_HANDLED_OUTSIDE_MAP
+    return sorted({node.op_type for node in _onnx_nodes(model.graph) if node.op_type not in supported})
+
+
+def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data: bool) -> ImportedModel:
+    import onnx
+
+    data = path.read_bytes()
+    model = parse_model(path, data)
+    _check_onnx_opset(model, path.name)
+    if _inline_external_data(model, path, allow_external_data):
+        try:
+            canonical = model.SerializeToString()
+        except ValueError as err:
+            raise InvalidModel(
+                f"'{path.name}' with its external data inlined is too large for one ONNX file "
+                f"(protobuf's limit is 2 GiB): {short_error(err)}"
+            ) from None
+    else:
+        canonical = data
+
+    if model.functions:
+        try:
+            import onnx.inliner
+
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as err:  # noqa: BLE001
+            raise InvalidModel(
+                f"could not inline the local functions of '{path.name}': {short_error(err)}"
+            ) from None
+
+    unsupported = _unsupported_onnx_ops(model)
+    if unsupported:
+        raise UnsupportedOperator(operators=unsupported, importer="ONNX")
+
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as err:
+        raise InvalidModel(f"'{path.name}' is not a valid ONNX model: {short_error(err)}") from None
+
+    declared = model_signature(model, path.name)
+    shapes = resolve_input_shapes(declared.inputs, given)
+    dtypes = {spec.name: spec.dtype for spec in declared.inputs}
+    bad = {n: d for n, d in dtypes.items() if d in ("unknown", "string")}
+    if bad:
+        name, dtype = next(iter(bad.items()))
+        raise InvalidModel(
+            f"'{path.name}': input '{name}' has element type '{dtype}', which Kiln cannot feed"
+        )
+
+    tvm_onnx = tvm_frontends().onnx_importer()
+    try:
+        with quiet_importer("ONNX importer"):
+            mod = tvm_onnx.from_onnx(
+                model,
+                shape_dict={n: list(s) for n, s in shapes.items()},
+                dtype_dict=dtypes,
+                keep_params_in_input=False,
+            )
+    except Exception as err:  # noqa: BLE001 - every importer failure becomes a typed error
+        node = tvm_frontends().failed_onnx_node(err.__traceback__)
+        op = getattr(node, "op_type", None)
+        raise conversion_error(err, "ONNX", path.name, op, getattr(node, "name", None)) from None
+
+    check_static_params(mod, path.name, declared.inputs)
+    inputs = tuple(
+        TensorSpec(name=spec.name, shape=shapes[spec.name], dtype=spec.dtype) for spec in declared.inputs
+    )
+    outputs = output_specs(mod, [o.name for o in model.graph.output])
+    return ImportedModel(
+        mod=mod,
+        signature=ModelSignature(inputs=inputs, outputs=outputs, declared_inputs=declared.inputs),
+        format=ModelFormat.ONNX,
+        sha256=hashlib.sha256(canonical).hexdigest(),
+        canonical_bytes=canonical,
+    )
