@@ -179,7 +179,7 @@ class JobOut(BaseModel):
             target_key=job.target_key,
             trials=spec.trials,
             max_trials_per_task=spec.max_trials_per_task,
-            runner=spec.runner,
+            runner=spec.runner.to_dict(),
             cost_model=spec.cost_model,
             seed=spec.seed,
             progress=ProgressOut(**progress),

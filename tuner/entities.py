@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
+
+from tuner.errors import InvalidSpec
 
 Dim = int | str  # a concrete size, or the name of a dynamic dimension
 
@@ -140,6 +143,78 @@ class PlanError:
 
 
 @dataclass(frozen=True)
+class RunnerSpec:
+    """Where a job's candidates are measured: this machine (``local``), or the TVM RPC servers registered
+    at ``tracker`` (host:port) under ``key`` (``rpc``).
+
+    An rpc runner's waits are bounded by ``session_timeout_s`` (one candidate's session on a server),
+    ``queue_timeout_s`` (waiting for a busy server) and ``timeout_s`` (one question to the tracker);
+    None takes the defaults of :mod:`tuner.metaschedule.rpc_runner`.
+    """
+
+    kind: str = "local"
+    tracker: str = ""
+    key: str = ""
+    session_timeout_s: int | None = None
+    queue_timeout_s: float | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("local", "rpc"):
+            raise InvalidSpec(
+                f"unknown runner kind {self.kind!r}; use {{'kind': 'local'}} or {{'kind': 'rpc', ...}}"
+            )
+        if self.kind == "rpc" and not (self.tracker and self.key and isinstance(self.key, str)):
+            raise InvalidSpec("an rpc runner needs 'tracker' (host:port) and a device 'key'")
+        if any(t is not None and t <= 0 for t in self._timeouts().values()):
+            raise InvalidSpec("rpc runner timeouts must be positive")
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind == "local"
+
+    def _timeouts(self) -> dict[str, float | None]:
+        return {
+            "session_timeout_s": self.session_timeout_s,
+            "queue_timeout_s": self.queue_timeout_s,
+            "timeout_s": self.timeout_s,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.is_local:
+            return {"kind": "local"}
+        timeouts = {name: value for name, value in self._timeouts().items() if value is not None}
+        return {"kind": self.kind, "tracker": self.tracker, "key": self.key, **timeouts}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RunnerSpec:
+        """A runner from its JSON form (``{"kind": "local"}``, or ``{"kind": "rpc", "tracker", "key"}``
+        with optional timeouts); InvalidSpec for anything else."""
+        if not data:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise InvalidSpec(f"a runner is a JSON object, not {data!r}")
+        unknown = set(data) - {"kind", "tracker", "key", *cls()._timeouts()}
+        if unknown:
+            raise InvalidSpec(f"unknown runner field(s) {sorted(unknown)}")
+        try:
+            return cls(
+                kind=str(data.get("kind", "local")),
+                tracker=str(data.get("tracker") or ""),
+                key=data.get("key") or "",
+                session_timeout_s=_optional(int, data.get("session_timeout_s")),
+                queue_timeout_s=_optional(float, data.get("queue_timeout_s")),
+                timeout_s=_optional(float, data.get("timeout_s")),
+            )
+        except (TypeError, ValueError) as err:
+            raise InvalidSpec(f"bad runner {dict(data)!r}: {err}") from None
+
+
+def _optional(convert: Any, value: Any) -> Any:
+    return None if value is None else convert(value)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """What a user asks to have tuned."""
 
@@ -149,7 +224,7 @@ class JobSpec:
     max_trials_per_task: int | None = None
     seed: int = 0
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    runner: dict[str, Any] = field(default_factory=lambda: {"kind": "local"})
+    runner: RunnerSpec = field(default_factory=RunnerSpec)
     cost_model: str = "xgb"
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,7 +235,7 @@ class JobSpec:
             "max_trials_per_task": self.max_trials_per_task,
             "seed": self.seed,
             "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
-            "runner": self.runner,
+            "runner": self.runner.to_dict(),
             "cost_model": self.cost_model,
         }
 
@@ -173,7 +248,7 @@ class JobSpec:
             max_trials_per_task=data.get("max_trials_per_task"),
             seed=int(data.get("seed", 0)),
             input_shapes={k: tuple(v) for k, v in (data.get("input_shapes") or {}).items()},
-            runner=data.get("runner") or {"kind": "local"},
+            runner=RunnerSpec.from_dict(data.get("runner")),
             cost_model=data.get("cost_model", "xgb"),
         )
 

@@ -82,7 +82,8 @@ def validate_spec(spec: JobSpec) -> dict[str, Any]:
     target = resolve_target(spec.target)
     Budget(spec.trials, spec.max_trials_per_task, spec.seed)
     check_cost_model(spec.cost_model)
-    if validate_runner(spec.runner) is None:
+    validate_runner(spec.runner)
+    if spec.runner.is_local:
         check_runs_here(target)
     return target
 

@@ -17,6 +17,7 @@ from kiln_tvm import (
     register_cpu_tensor_intrinsics,
 )
 from schedules.spaces import space_for
+from tuner.entities import RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
@@ -59,7 +60,7 @@ class MeasureConfig:
     trials_per_iter: int = 16
     population_size: int = 256
     cost_model: str = "xgb"
-    runner: dict[str, Any] = field(default_factory=lambda: {"kind": "local"})
+    runner: RunnerSpec = field(default_factory=RunnerSpec)
 
 
 @dataclass
@@ -86,8 +87,7 @@ def _evaluator(config: MeasureConfig) -> Any:
 
 def make_runner(config: MeasureConfig) -> Any:
     """The measurement runner: this machine's CPU, or devices behind a TVM RPC tracker."""
-    kind = config.runner.get("kind", "local")
-    if kind == "local":
+    if config.runner.is_local:
         # A kernel that crashes ends its measuring process at once (reported as a failed candidate)
         # rather than possibly hanging in TVM's handler until the runner's timeout.
         return ExclusiveRunner(
@@ -95,9 +95,7 @@ def make_runner(config: MeasureConfig) -> Any:
                 evaluator_config=_evaluator(config), initializer=report_fatal_signals_on_stderr
             )
         )
-    if kind == "rpc":
-        return make_rpc_runner(config.runner, _evaluator(config))
-    raise InvalidSpec(f"unknown runner kind {kind!r}; use 'local' or 'rpc'")
+    return make_rpc_runner(config.runner, _evaluator(config))
 
 
 #: The cost models a job may ask for.

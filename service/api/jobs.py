@@ -32,7 +32,7 @@ from service.schemas import (
 )
 from tuner import inspection
 from tuner.artifact import records_tarball
-from tuner.entities import Job, JobSpec, JobStatus, ModelPlan, Task
+from tuner.entities import Job, JobSpec, JobStatus, ModelPlan, RunnerSpec, Task
 from tuner.errors import Conflict, NotFound
 from tuner.inspection import best_schedule, plan_model, task_tir
 from tuner.job import submit_job
@@ -69,7 +69,7 @@ def create_job(body: JobIn, state: StateDep, owner: OwnerDep) -> JobOut:
         max_trials_per_task=body.max_trials_per_task,
         seed=body.seed,
         input_shapes={k: tuple(v) for k, v in (body.input_shapes or {}).items()},
-        runner=body.runner.model_dump(),
+        runner=RunnerSpec.from_dict(body.runner.model_dump()),
         cost_model=body.cost_model,
     )
     return job_out(state.store, submit_job(state.store, spec, owner))

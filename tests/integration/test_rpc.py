@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from tests.models import build_mlp
-from tuner.entities import JobSpec, JobStatus
+from tuner.entities import JobSpec, JobStatus, RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
 from tuner.job import run_job, submit_job
 from tuner.metaschedule.rpc_runner import make_rpc_runner
@@ -80,14 +80,14 @@ def test_tracker_summary_lists_the_server(tracker: RPCProcess, server: RPCProces
 def test_check_runner_accepts_a_registered_key_and_the_local_runner(
     tracker: RPCProcess, server: RPCProcess
 ) -> None:
-    check_runner({"kind": "rpc", "tracker": tracker.address, "key": KEY}, timeout_s=5.0)
-    check_runner({"kind": "local"}, timeout_s=5.0)
+    check_runner(RunnerSpec("rpc", tracker.address, KEY), timeout_s=5.0)
+    check_runner(RunnerSpec(), timeout_s=5.0)
 
 
 def test_check_runner_raises_for_an_unreachable_tracker() -> None:
     address = f"127.0.0.1:{_closed_port()}"
     with pytest.raises(DeviceUnavailable, match="cannot reach the RPC tracker") as info:
-        check_runner({"kind": "rpc", "tracker": address, "key": KEY}, timeout_s=5.0)
+        check_runner(RunnerSpec("rpc", address, KEY), timeout_s=5.0)
     assert info.value.kind == "device_unavailable"
 
 
@@ -98,16 +98,16 @@ def test_check_runner_raises_for_a_port_that_never_answers() -> None:
         silent.listen(4)
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         with pytest.raises(DeviceUnavailable, match="did not answer as a TVM RPC tracker"):
-            check_runner({"kind": "rpc", "tracker": address, "key": KEY}, timeout_s=1.0)
+            check_runner(RunnerSpec("rpc", address, KEY), timeout_s=1.0)
 
 
 def test_check_runner_raises_for_an_rpc_server_port(server: RPCProcess) -> None:
     with pytest.raises(DeviceUnavailable, match="not a TVM RPC tracker"):
-        check_runner({"kind": "rpc", "tracker": server.address, "key": KEY}, timeout_s=5.0)
+        check_runner(RunnerSpec("rpc", server.address, KEY), timeout_s=5.0)
 
 
 def test_check_runner_raises_for_an_unknown_key(tracker: RPCProcess, server: RPCProcess) -> None:
-    runner = {"kind": "rpc", "tracker": tracker.address, "key": "no-such-device"}
+    runner = RunnerSpec("rpc", tracker.address, "no-such-device")
     with pytest.raises(DeviceUnavailable, match="no RPC server with key 'no-such-device'") as info:
         check_runner(runner, timeout_s=5.0)
     assert f"kiln rpc server --tracker {tracker.address} --key no-such-device" in info.value.message
@@ -125,7 +125,7 @@ def test_check_runner_raises_for_an_unknown_key(tracker: RPCProcess, server: RPC
 )
 def test_check_runner_rejects_malformed_runners(runner: dict) -> None:
     with pytest.raises(InvalidSpec):
-        check_runner(runner, timeout_s=1.0)
+        check_runner(RunnerSpec.from_dict(runner), timeout_s=1.0)
 
 
 def test_guarded_runner_fails_fast_once_the_device_is_gone(tracker: RPCProcess) -> None:
@@ -133,7 +133,7 @@ def test_guarded_runner_fails_fast_once_the_device_is_gone(tracker: RPCProcess) 
 
     with start_server(tracker.address, "kiln-gone", "127.0.0.1", 0):
         runner = make_rpc_runner(
-            {"kind": "rpc", "tracker": tracker.address, "key": "kiln-gone", "timeout_s": 5},
+            RunnerSpec("rpc", tracker.address, "kiln-gone", timeout_s=5),
             ms.runner.EvaluatorConfig(number=1, repeat=1),
         )
     assert _gone(tracker.address, "kiln-gone")
@@ -153,13 +153,7 @@ def test_a_candidate_waiting_for_a_busy_server_times_out(tracker: RPCProcess, se
     try:
         assert _queue(tracker.address, KEY, free=0) == DeviceQueue(key=KEY, free=0, pending=0, total=1)
         runner = make_rpc_runner(
-            {
-                "kind": "rpc",
-                "tracker": tracker.address,
-                "key": KEY,
-                "session_timeout_s": 1,
-                "queue_timeout_s": 2,
-            },
+            RunnerSpec("rpc", tracker.address, KEY, session_timeout_s=1, queue_timeout_s=2),
             ms.runner.EvaluatorConfig(number=1, repeat=1),
         )
         candidate = ms.runner.RunnerInput(
@@ -182,7 +176,7 @@ def test_mlp_tunes_through_the_rpc_runner(
     path = tmp_path / "mlp.onnx"
     onnx.save(build_mlp(seed=5), str(path))
     model, _ = register_model(store, settings, path)
-    runner = {"kind": "rpc", "tracker": tracker.address, "key": KEY}
+    runner = RunnerSpec("rpc", tracker.address, KEY)
     spec = JobSpec(model_id=model.id, target=host_target(), trials=8, runner=runner)
     job = submit_job(store, spec)
 
@@ -292,7 +286,7 @@ def test_a_job_whose_tracker_is_unreachable_fails_with_a_clear_error(
     path = tmp_path / "mlp.onnx"
     onnx.save(build_mlp(seed=6), str(path))
     model, _ = register_model(store, settings, path)
-    runner = {"kind": "rpc", "tracker": f"127.0.0.1:{_closed_port()}", "key": KEY}
+    runner = RunnerSpec("rpc", f"127.0.0.1:{_closed_port()}", KEY)
     job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=8, runner=runner))
     with pytest.raises(DeviceUnavailable):
         run_job(store, settings, job.id)

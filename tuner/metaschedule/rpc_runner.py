@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln_tvm import PopenPoolExecutor, derived_object, ms
+from tuner.entities import RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.metaschedule.runner import DoneFuture
 from tuner.rpc.tracker import (
@@ -13,7 +14,6 @@ from tuner.rpc.tracker import (
     DEFAULT_SESSION_TIMEOUT_S,
     check_runner,
     parse_tracker,
-    validate_runner,
 )
 
 
@@ -27,7 +27,7 @@ class GuardedRPCRunner(ms.runner.PyRunner):
     search's threads off the CPU while a server on this machine measures.
     """
 
-    def __init__(self, inner: Any, runner: dict[str, Any], check_timeout_s: float) -> None:
+    def __init__(self, inner: Any, runner: RunnerSpec, check_timeout_s: float) -> None:
         super().__init__()
         self.inner = inner
         self.runner = runner
@@ -44,27 +44,20 @@ class GuardedRPCRunner(ms.runner.PyRunner):
         return futures
 
 
-def make_rpc_runner(runner: dict[str, Any], evaluator_config: Any) -> Any:
-    """A MetaSchedule runner measuring on the servers behind a tracker, with every wait bounded.
-
-    Optional runner fields: ``session_timeout_s`` (one candidate's session on the server, default 60),
-    ``queue_timeout_s`` (waiting for a busy server, default 60), ``timeout_s`` (a question to the
-    tracker, default 10).
-    """
-    fields = validate_runner(runner)
-    if fields is None:
+def make_rpc_runner(runner: RunnerSpec, evaluator_config: Any) -> Any:
+    """A MetaSchedule runner measuring on the servers behind ``runner``'s tracker, with every wait
+    bounded by the runner's timeouts (or the defaults)."""
+    if runner.is_local:
         raise InvalidSpec("make_rpc_runner needs an rpc runner spec")
-    tracker, key = fields
-    host, port = parse_tracker(tracker)
-    session_timeout = int(runner.get("session_timeout_s", DEFAULT_SESSION_TIMEOUT_S))
-    queue_timeout = float(runner.get("queue_timeout_s", DEFAULT_QUEUE_TIMEOUT_S))
-    check_timeout = float(runner.get("timeout_s", DEFAULT_CHECK_TIMEOUT_S))
-    if session_timeout < 1 or queue_timeout <= 0 or check_timeout <= 0:
-        raise InvalidSpec("rpc runner timeouts must be positive")
+    host, port = parse_tracker(runner.tracker)
+
+    session_timeout = runner.session_timeout_s or DEFAULT_SESSION_TIMEOUT_S
+    queue_timeout = runner.queue_timeout_s or DEFAULT_QUEUE_TIMEOUT_S
+    check_timeout = runner.timeout_s or DEFAULT_CHECK_TIMEOUT_S
     config = ms.runner.RPCConfig(
         tracker_host=host,
         tracker_port=port,
-        tracker_key=key,
+        tracker_key=runner.key,
         session_timeout_sec=session_timeout,
     )
     inner = ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=1)
@@ -73,4 +66,4 @@ def make_rpc_runner(runner: dict[str, Any], evaluator_config: Any) -> Any:
     # timed-out candidate becomes "RPCRunner: Timeout" and its worker process is replaced.
     inner.pool.shutdown()
     inner.pool = PopenPoolExecutor(max_workers=1, timeout=session_timeout + queue_timeout)
-    return GuardedRPCRunner(inner, {"kind": "rpc", "tracker": tracker, "key": key}, check_timeout)
+    return GuardedRPCRunner(inner, runner, check_timeout)

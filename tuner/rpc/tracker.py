@@ -1,6 +1,7 @@
 """Talking to TVM's RPC tracker: addresses, device queues, and checks that a runner's device is there.
 
-A remote runner is ``{"kind": "rpc", "tracker": "host:port", "key": "K"}``: candidates are measured on
+A remote runner (a :class:`~tuner.entities.RunnerSpec` of kind ``rpc``, tracker ``host:port``, key ``K``):
+candidates are measured on
 whichever server registered itself at that tracker under key ``K``. TVM's own client waits for the
 tracker without bound (it retries refused connections for a minute, and then blocks on the reply), and
 a measurement request for a key with no server queues forever; everything here is bounded instead.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln_tvm import rpc_base, tvm_ffi
+from tuner.entities import RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
 
 DEFAULT_SESSION_TIMEOUT_S = 60  # one candidate's RPC session: upload, link, load, run, clean up
@@ -129,30 +131,18 @@ def tracker_summary(address: str, timeout_s: float) -> list[DeviceQueue]:
     return [q for q in queue_list if q.total or q.free or q.pending]
 
 
-def validate_runner(runner: dict[str, Any]) -> tuple[str, str] | None:
-    """Check a runner spec's shape: ``{"kind": "local"}``, or ``{"kind": "rpc", "tracker", "key"}``.
-
-    Returns ``(tracker, key)`` of an rpc runner, None for the local one.
-    """
-    kind = runner.get("kind", "local") if isinstance(runner, dict) else None
-    if kind == "local":
-        return None
-    if kind != "rpc":
-        raise InvalidSpec(f"unknown runner {runner!r}; use {{'kind': 'local'}} or {{'kind': 'rpc', ...}}")
-    tracker = runner.get("tracker")
-    key = runner.get("key")
-    if not tracker or not key or not isinstance(key, str):
-        raise InvalidSpec("an rpc runner needs 'tracker' (host:port) and a device 'key'")
-    parse_tracker(str(tracker))
-    return str(tracker), key
+def validate_runner(runner: RunnerSpec) -> None:
+    """Check what a runner spec's own fields cannot: that an rpc runner's tracker is a host:port."""
+    if not runner.is_local:
+        parse_tracker(runner.tracker)
 
 
-def check_runner(runner: dict[str, Any], timeout_s: float) -> None:
+def check_runner(runner: RunnerSpec, timeout_s: float) -> None:
     """Fail fast when a job's runner cannot measure: tracker unreachable, or no server with its key."""
-    fields = validate_runner(runner)
-    if fields is None:
+    if runner.is_local:
         return
-    tracker, key = fields
+    validate_runner(runner)
+    tracker, key = runner.tracker, runner.key
     queues = tracker_summary(tracker, timeout_s)
     if not any(q.key == key and q.total > 0 for q in queues):
         known = ", ".join(f"'{q.key}'" for q in queues if q.total) or "none"

@@ -1,0 +1,93 @@
+"""Browsing commands: ``jobs``, ``status``, ``models`` and ``export`` read what the store holds."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from cli.app import app, current_settings, open_store
+from cli.render import console, fmt, print_outcome, task_table
+from tuner.errors import KilnError
+
+
+@app.command()
+def jobs(limit: Annotated[int, typer.Option(help="How many, newest first")] = 20) -> None:
+    """List tuning jobs."""
+    store = open_store()
+    table = Table(title="jobs")
+    for col in ("id", "model", "target", "status", "trials", "untuned ms", "tuned ms", "speedup", "created"):
+        table.add_column(col)
+    for job in store.list_jobs(limit=limit):
+        model = store.get_model(job.spec.model_id)
+        progress = store.job_progress(job.id)
+        table.add_row(
+            job.id,
+            model.name,
+            job.target_key,
+            job.status.value,
+            f"{progress['trials_done']}/{job.spec.trials}",
+            fmt(job.baseline_latency_ms, ".3f"),
+            fmt(job.tuned_latency_ms, ".3f"),
+            fmt(job.speedup, ".1f"),
+            job.created_at.strftime("%Y-%m-%d %H:%M"),
+        )
+    console.print(table)
+
+
+@app.command()
+def status(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
+    """Show one job: status, per-task results, latency."""
+    store = open_store()
+    job = store.get_job(job_id)
+    console.print(f"job {job.id}: [bold]{job.status.value}[/] on {job.target_key}")
+    if job.error:
+        console.print(f"[red]error:[/] {job.error}")
+    console.print(task_table(store.list_tasks(job.id), "tasks"))
+    print_outcome(job)
+
+
+@app.command()
+def models() -> None:
+    """List stored models."""
+    store = open_store()
+    table = Table(title="models")
+    for col in ("id", "name", "format", "sha256", "MB", "inputs"):
+        table.add_column(col)
+    for m in store.list_models():
+        inputs = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in m.signature.inputs)
+        table.add_row(m.id, m.name, m.format.value, m.sha256[:12], f"{m.size_bytes / 1e6:.2f}", inputs)
+    console.print(table)
+
+
+@app.command()
+def export(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    out: Annotated[Path, typer.Option(help="Destination directory")] = Path("."),
+    what: Annotated[
+        str, typer.Option(help="artifact (the .tar.gz) or records (MetaSchedule JSON database)")
+    ] = "artifact",
+) -> None:
+    """Export a past job's artifact, or its tuning records as a MetaSchedule JSON database."""
+    store = open_store()
+    job = store.get_job(job_id)
+    out.mkdir(parents=True, exist_ok=True)
+    if what == "artifact":
+        from tuner.job import artifact_path
+
+        src = artifact_path(store, job.id)
+        dest = out / src.name
+        shutil.copyfile(src, dest)
+        console.print(f"artifact: {dest}")
+    elif what == "records":
+        from tuner.artifact import write_records
+
+        rows = store.job_records(job, current_settings().record_scope(job.owner))
+        count = write_records(rows, out, per_workload=sys.maxsize)
+        console.print(f"{count} records -> {out}/database_workload.json, {out}/database_tuning_record.json")
+    else:
+        raise KilnError(f"--what must be 'artifact' or 'records', got {what!r}")

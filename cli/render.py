@@ -1,0 +1,96 @@
+"""How the CLI draws things: tables of tasks, the fusion summary, a job's outcome, live progress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner.entities import FusionSummary, Job, Task
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fmt(value: float | None, spec: str = ".1f", none: str = "-") -> str:
+    """``value`` formatted with ``spec``, or ``none`` when there is no value."""
+    return none if value is None else format(value, spec)
+
+
+def task_table(tasks: list[Task], title: str) -> Table:
+    """A job's tasks: weight, work, trials, best latency and the GFLOP/s it reaches."""
+    from tuner.tune import gflops
+
+    table = Table(title=title)
+    for col in ("#", "task", "weight", "MFLOP", "trials", "best µs", "GFLOP/s"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for i, t in enumerate(tasks):
+        table.add_row(
+            str(i),
+            t.name,
+            str(t.weight),
+            f"{t.flops / 1e6:.3f}",
+            str(t.trials),
+            fmt(t.best_latency_us),
+            fmt(gflops(t.flops, t.best_latency_us)),
+        )
+    return table
+
+
+def fusion_line(fusion: FusionSummary) -> str:
+    """One line on what fusion did to the graph."""
+    return (
+        f"graph: {fusion.operators_before} Relax operators -> {fusion.kernels_after} fused kernels "
+        f"({fusion.distinct_tasks} distinct tuning tasks)"
+    )
+
+
+class RichListener:
+    """Draws a job's progress: a stage line and a trials bar with the current best per task."""
+
+    def __init__(self) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[detail]}"),
+            console=console,
+            transient=False,
+        )
+        self.bar: Any = None
+
+    def __enter__(self) -> RichListener:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def stage(self, name: str) -> None:
+        if name != "tuning":
+            console.log(name)
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
+        console.log(fusion_line(fusion))
+        warm = sum(1 for t in tasks if t.best_latency_us is not None)
+        if warm:
+            console.log(f"{warm}/{len(tasks)} tasks start warm from records of earlier runs on this target")
+        if trials_total:
+            self.bar = self.progress.add_task("tuning", total=trials_total, detail="")
+
+    def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
+        if self.bar is not None:
+            detail = f"{task.name[:40]}: best {fmt(task.best_latency_us)} µs"
+            self.progress.update(self.bar, completed=min(trials_done, trials_total), detail=detail)
+
+
+def print_outcome(job: Job) -> None:
+    """The untuned and tuned latency of a finished job, when it has both."""
+    if job.baseline_latency_ms is not None and job.tuned_latency_ms is not None:
+        console.print(
+            f"untuned TVM {job.baseline_latency_ms:.3f} ms -> tuned {job.tuned_latency_ms:.3f} ms: "
+            f"[bold green]{job.speedup:.1f}x faster[/]"
+        )

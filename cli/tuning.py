@@ -1,0 +1,210 @@
+"""Tuning commands: ``tune`` (here, now), ``submit`` (queue for the workers), ``tasks`` (preview) and
+``cancel``."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from cli.app import app, current_settings, open_store
+from cli.render import RichListener, console, fusion_line, print_outcome, task_table
+from tuner.entities import Job, JobSpec, ModelInfo, RunnerSpec
+from tuner.errors import InvalidSpec, KilnError
+
+if TYPE_CHECKING:
+    from tuner.store.sql import Store
+
+TargetOpt = Annotated[str, typer.Option("--target", help="'host' (this CPU) or a TVM target as JSON")]
+PerTaskOpt = Annotated[int | None, typer.Option("--per-task", help="At most this many trials per task")]
+SeedOpt = Annotated[int, typer.Option(help="Search seed")]
+CostModelOpt = Annotated[str, typer.Option(help="xgb or random")]
+NameOpt = Annotated[str | None, typer.Option(help="Model name (default: file name)")]
+OwnerOpt = Annotated[
+    str,
+    typer.Option(
+        "--owner",
+        help="API token name that owns the model and the job, so that token's user sees them over the API "
+        "(default: no owner; seen over the API only while it has no tokens)",
+    ),
+]
+ModelArg = Annotated[
+    Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
+]
+ShapeOpt = Annotated[
+    list[str] | None,
+    typer.Option("--input-shape", help="Shape of an input, e.g. x=1x3x224x224 (repeatable)"),
+]
+
+
+@app.command()
+def tune(
+    model: ModelArg,
+    target: TargetOpt = "host",
+    trials: Annotated[
+        int, typer.Option(help="Total measured trials over all tasks (0: compile from stored records)")
+    ] = 64,
+    per_task: PerTaskOpt = None,
+    input_shape: ShapeOpt = None,
+    seed: SeedOpt = 0,
+    cost_model: CostModelOpt = "xgb",
+    name: NameOpt = None,
+    owner: OwnerOpt = "",
+    out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
+) -> None:
+    """Tune a model and write a compiled, verified artifact."""
+    from tuner.fatal_signals import report_fatal_signals
+    from tuner.job import run_job
+
+    settings = current_settings()
+    spec = _job_spec(target, trials, per_task, seed, input_shape, cost_model, RunnerSpec())
+    store = open_store()
+    info, job = _queue(store, model, spec, name, owner)
+    console.print(
+        f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
+    )
+    report_fatal_signals(sys.stderr)  # a crashing kernel ends `kiln tune` instead of hanging it
+    with RichListener() as listener:
+        result = run_job(store, settings, job.id, listener=listener)
+    console.print(task_table(result.tasks, "tasks"))
+    print_outcome(result.job)
+    for peer, ms in result.latency.references_ms.items():
+        if result.job.tuned_latency_ms:
+            ratio = ms / result.job.tuned_latency_ms
+            console.print(f"{peer} {ms:.3f} ms (Kiln is {ratio:.2f}x as fast)")
+    if result.artifact is not None:
+        path = Path(result.artifact.path)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            dest = out / f"{info.name}.tar.gz"
+            shutil.copyfile(path, dest)
+            path = dest
+        console.print(f"artifact: [bold]{path}[/] (sha256 {result.artifact.sha256[:12]})")
+        for check in result.comparisons:
+            console.print(f"verified vs {check.reference}: max abs error {check.max_abs_error:.2e}")
+
+
+@app.command()
+def tasks(
+    model: Annotated[Path, typer.Argument(help="ONNX file or .pt2 program", exists=True, dir_okay=False)],
+    target: TargetOpt = "host",
+    input_shape: ShapeOpt = None,
+    show_tir: Annotated[
+        str | None, typer.Option(help="Print the unscheduled TIR of this task (name or #)")
+    ] = None,
+) -> None:
+    """Show the fused kernels (tuning tasks) of a model without tuning it."""
+    from tuner.frontend import load_model, parse_input_shapes
+    from tuner.targets import resolve_target, to_tvm_target
+    from tuner.tasks import plan_graph
+
+    imported = load_model(model, parse_input_shapes(input_shape or []))
+    settings = current_settings()
+    plan = plan_graph(
+        imported.mod, to_tvm_target(resolve_target(target)), settings.weight_prepack, settings.cpu_conv_layout
+    )
+    table = Table(title=f"{model.name}: tuning tasks")
+    for col in ("#", "task", "weight", "MFLOP", "workload hash"):
+        table.add_column(col, justify="left" if col in ("task", "workload hash") else "right")
+    for i, info in enumerate(plan.infos):
+        table.add_row(str(i), info.name, str(info.weight), f"{info.flops / 1e6:.3f}", info.workload_hash)
+    console.print(table)
+    console.print(fusion_line(plan.fusion))
+    if show_tir is not None:
+        chosen = [i for i in plan.infos if i.name == show_tir or str(plan.infos.index(i)) == show_tir]
+        if not chosen:
+            raise KilnError(f"no task {show_tir!r}; tasks: {', '.join(i.name for i in plan.infos)}")
+        console.print(chosen[0].tir)
+
+
+@app.command()
+def submit(
+    model: ModelArg,
+    target: TargetOpt = "host",
+    trials: Annotated[int, typer.Option(help="Total measured trials over all tasks")] = 64,
+    per_task: PerTaskOpt = None,
+    input_shape: ShapeOpt = None,
+    seed: SeedOpt = 0,
+    cost_model: CostModelOpt = "xgb",
+    rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
+    rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
+    name: NameOpt = None,
+    owner: OwnerOpt = "",
+) -> None:
+    """Queue a tuning job for the workers (`kiln serve` or `kiln worker`) and print its id."""
+    runner = RunnerSpec()
+    if rpc_tracker or rpc_key:
+        runner = RunnerSpec("rpc", rpc_tracker or current_settings().rpc_tracker or "", rpc_key or "")
+    spec = _job_spec(target, trials, per_task, seed, input_shape, cost_model, runner)
+    info, job = _queue(open_store(), model, spec, name, owner)
+    console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
+
+
+def _job_spec(
+    target: str,
+    trials: int,
+    per_task: int | None,
+    seed: int,
+    input_shape: list[str] | None,
+    cost_model: str,
+    runner: RunnerSpec,
+) -> JobSpec:
+    """The job the tune and submit options ask for, on a model not yet stored."""
+    from tuner.frontend import parse_input_shapes
+
+    return JobSpec(
+        model_id="",
+        target=target,  # type: ignore[arg-type]  # resolved by _queue
+        trials=trials,
+        max_trials_per_task=per_task,
+        seed=seed,
+        input_shapes=parse_input_shapes(input_shape or []),
+        runner=runner,
+        cost_model=cost_model,
+    )
+
+
+def _queue(store: Store, model: Path, spec: JobSpec, name: str | None, owner: str) -> tuple[ModelInfo, Job]:
+    """Check ``spec`` (all but its model), import and store ``model``, and queue the job on it.
+
+    A bad spec fails before the model is imported, so nothing is stored for it.
+    """
+    from tuner.job import submit_job, validate_spec
+    from tuner.models import register_model
+
+    validate_spec(spec)
+    _check_owner(store, owner)
+    info, _ = register_model(
+        store, current_settings(), model, name=name, input_shapes=dict(spec.input_shapes), owner=owner
+    )
+    return info, submit_job(store, dataclasses.replace(spec, model_id=info.id), owner)
+
+
+def _check_owner(store: Store, owner: str) -> None:
+    """An owner must be the name of an API token (in the database or KILN_API_TOKENS), or nobody."""
+    from tuner.tokens import parse_tokens
+
+    if not owner:
+        return
+    known = {name for name, _ in store.list_tokens()} | set(
+        parse_tokens(current_settings().api_tokens).values()
+    )
+    if owner not in known:
+        raise InvalidSpec(
+            f"no API token is named {owner!r}; create one with `kiln token create {owner}` "
+            "(or list them with `kiln token list`)"
+        )
+
+
+@app.command()
+def cancel(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
+    """Cancel a job: a queued one at once; a running one stops within seconds, keeping its records."""
+    job = open_store().request_cancel(job_id)
+    console.print(
+        f"job {job.id}: {'cancel requested' if job.status.value == 'running' else job.status.value}"
+    )
