@@ -1,24 +1,21 @@
-"""Runs one tuning job end to end: import, plan, tune, compile, verify, measure, package.
+"""Tuning jobs: check and queue one (:func:`submit_job`), and run one end to end: import, plan, tune,
+compile, verify, measure, package (:func:`run_job`, :func:`execute_job`).
 
-Every step writes its outcome to the store as it happens, so a job that dies midway leaves its
-measured records behind and the next run of the same model on the same target starts from them.
+Every step writes its outcome to the store as it happens, through one :class:`~tuner.recorder.JobRecorder`,
+so a job that dies midway leaves its measured records behind and the next run of the same model on the
+same target starts from them. The artifact's manifest is built by :mod:`tuner.manifest`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import socket
-import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import tuner
-from kiln_tvm import tvm
 from tuner.artifact import export_library, pack_artifact
 from tuner.compile import (
     Comparison,
@@ -27,41 +24,22 @@ from tuner.compile import (
     random_inputs,
 )
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
-from tuner.errors import Conflict, InvalidSpec, KilnError, MissingInputShape, TuningFailed
-from tuner.frontend import ImportedModel, check_given_shape, load_model
+from tuner.errors import InvalidSpec, KilnError, MissingInputShape, TuningFailed
+from tuner.frontend import check_given_shape, load_model
+from tuner.manifest import job_manifest
 from tuner.metaschedule.database import KilnDatabase
 from tuner.models import model_file
+from tuner.recorder import JobListener, JobRecorder
 from tuner.rpc.tracker import check_runner, validate_runner
 from tuner.sandbox import SandboxLimits, is_out_of_memory, memory_limit
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
 from tuner.tasks import GraphPlan, plan_graph
-from tuner.tune import Budget, MeasureConfig, TrialBatch, check_cost_model, gflops, tune_tasks
+from tuner.tune import Budget, MeasureConfig, check_cost_model, tune_tasks
 from tuner.verify import Latencies, measure_latencies, verify_outputs
 
 log = logging.getLogger(__name__)
-
-
-class JobListener(Protocol):
-    """Receives a job's progress (the CLI draws it; the service streams it)."""
-
-    def stage(self, name: str) -> None: ...
-
-    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None: ...
-
-    def measured(self, task: Task, trials_done: int, trials_total: int) -> None: ...
-
-
-class _SilentListener:
-    def stage(self, name: str) -> None:
-        log.info("job stage: %s", name)
-
-    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
-        pass
-
-    def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -131,87 +109,10 @@ def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
     )
 
 
-class _Progress:
-    """Keeps per-task trial counts and bests, mirrored into the store after each batch."""
-
-    def __init__(
-        self,
-        store: Store,
-        job_id: str,
-        tasks: list[Task],
-        trials_total: int,
-        listener: JobListener,
-        trials_done: int = 0,
-    ):
-        self.store = store
-        self.job_id = job_id
-        self.tasks = tasks
-        self.trials_total = trials_total
-        self.trials_done = trials_done
-        self.listener = listener
-
-    def on_batch(self, batch: TrialBatch) -> None:
-        task = self.tasks[batch.task_index]
-        valid = [lat for lat in batch.latencies_us if lat is not None]
-        best = min([*valid, task.best_latency_us] if task.best_latency_us else valid, default=None)
-        task = self.store.update_task(
-            task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best
-        )
-        self.tasks[batch.task_index] = task
-        self.trials_done += len(batch.latencies_us)
-        self.store.update_job_progress(self.job_id, self.trials_done, self.trials_total)
-        self.listener.measured(task, self.trials_done, self.trials_total)
-
-
 def _input_shapes(model: ModelInfo, spec: JobSpec) -> dict[str, tuple[int, ...]]:
     if spec.input_shapes:
         return dict(spec.input_shapes)
     return {t.name: tuple(int(d) for d in t.shape) for t in model.signature.inputs if t.is_static}
-
-
-class _StageRecorder:
-    """Passes a job's progress on to a listener and records its stage in the store."""
-
-    def __init__(self, store: Store, job_id: str, listener: JobListener) -> None:
-        self.store, self.job_id, self.listener = store, job_id, listener
-
-    def stage(self, name: str) -> None:
-        self.store.set_job_stage(self.job_id, name)
-        self.listener.stage(name)
-
-    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
-        self.listener.planned(tasks, fusion, trials_total)
-
-    def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
-        self.listener.measured(task, trials_done, trials_total)
-
-
-class Heartbeat:
-    """Keeps a running job's heartbeat fresh from a background thread (``with Heartbeat(...):``).
-
-    Without it, a worker elsewhere would take the job for abandoned and requeue it.
-    """
-
-    def __init__(self, store: Store, job_id: str, worker: str, interval_s: float) -> None:
-        self.store, self.job_id, self.worker, self.interval_s = store, job_id, worker, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id[:8]}", daemon=True)
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                if self.store.heartbeat(self.job_id, self.worker) is None:
-                    return
-            except Exception:  # a database hiccup must not kill the job; the next beat retries
-                log.exception("heartbeat of job %s failed", self.job_id)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def run_job(
@@ -228,11 +129,12 @@ def run_job(
     """
     worker = worker or f"{socket.gethostname()}:cli:{os.getpid()}"
     job = store.mark_job_running(job_id, worker)
-    with Heartbeat(store, job_id, worker, settings.heartbeat_s):
+    recorder = JobRecorder(store, job_id, listener)
+    with recorder.heartbeat(worker, settings.heartbeat_s):
         try:
-            return execute_job(store, settings, job, listener, should_stop)
+            return _execute(settings, job, recorder, should_stop)
         except KeyboardInterrupt:
-            _finish(store, job_id, JobStatus.CANCELLED, "interrupted by the user; measured records were kept")
+            recorder.ended(JobStatus.CANCELLED, "interrupted by the user; measured records were kept")
             raise
 
 
@@ -248,28 +150,25 @@ def execute_job(
     A job that ran before (its worker died) resumes: its tasks are reused and its budget counts the
     records it already measured, which the search also starts from.
     """
-    recorder = _StageRecorder(store, job.id, listener or _SilentListener())
+    return _execute(settings, job, JobRecorder(store, job.id, listener), should_stop)
+
+
+def _execute(settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) -> JobResult:
     try:
-        return _run(store, settings, job, recorder, should_stop)
+        return _run(recorder.store, settings, job, recorder, should_stop)
     except KilnError as exc:
-        _finish(store, job.id, JobStatus.FAILED, exc.message)
+        recorder.ended(JobStatus.FAILED, exc.message)
         raise
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}".strip()
-        _finish(store, job.id, JobStatus.FAILED, message[:4000])
+        recorder.ended(JobStatus.FAILED, message[:4000])
         raise TuningFailed(message) from exc
 
 
-def _finish(store: Store, job_id: str, status: JobStatus, error: str) -> None:
-    # Already finished elsewhere (e.g. cancelled by its worker): keep that outcome.
-    with contextlib.suppress(Conflict):
-        store.finish_job(job_id, status, error=error)
-
-
-def _run(store: Store, settings: Settings, job: Job, listener: JobListener, should_stop: Any) -> JobResult:
+def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) -> JobResult:
     spec = job.spec
     model = store.get_model(spec.model_id)
-    listener.stage("importing")
+    recorder.stage("importing")
     target = to_tvm_target(spec.target)
     # The same memory bound as the sandbox's: a model that folds into gigabytes fails this job with the
     # reason instead of exhausting the worker's machine.
@@ -280,7 +179,7 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
                 _input_shapes(model, spec),
                 max_unpacked_bytes=settings.max_unpacked_mb << 20,
             )
-            listener.stage("extracting tasks")
+            recorder.stage("extracting tasks")
             plan = plan_graph(imported.mod, target, settings.weight_prepack, settings.cpu_conv_layout)
     except Exception as exc:
         if is_out_of_memory(exc):
@@ -288,16 +187,12 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
         raise
     scope = settings.record_scope(job.owner)
     database = KilnDatabase(store, job.target_key, job_id=job.id, owner=scope)
-    tasks = _register_tasks(store, job, plan, database, scope)
-    trials_done = sum(t.trials for t in tasks)
-    remaining = max(0, spec.trials - trials_done)
-    progress = _Progress(store, job.id, tasks, spec.trials, listener, trials_done)
-    store.update_job_progress(job.id, trials_done, spec.trials)
-    listener.planned(list(tasks), plan.fusion, spec.trials)
+    recorder.planned(_register_tasks(store, job, plan, database, scope), plan.fusion, spec.trials)
+    remaining = max(0, spec.trials - recorder.trials_done)
 
     if remaining > 0:
         check_runner(spec.runner, settings.rpc_timeout_s)
-    listener.stage("tuning")
+    recorder.stage("tuning")
     tune_tasks(
         plan.tasks,
         target,
@@ -305,41 +200,35 @@ def _run(store: Store, settings: Settings, job: Job, listener: JobListener, shou
         Budget(remaining, spec.max_trials_per_task, spec.seed),
         measure_config(settings, spec),
         settings.jobs_dir / job.id / "metaschedule",
-        on_batch=progress.on_batch,
+        on_batch=recorder.on_batch,
         should_stop=should_stop,
     )
     if should_stop is not None and should_stop():
-        _finish(store, job.id, JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
-        return JobResult(store.get_job(job.id), progress.tasks, plan.fusion, None, [], Latencies())
+        recorder.ended(JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
+        return JobResult(store.get_job(job.id), recorder.tasks, plan.fusion, None, [], Latencies())
 
-    listener.stage("compiling")
+    recorder.stage("compiling")
     build_dir = settings.jobs_dir / job.id / "build"
     tuned_exe = build_tuned(plan, target, database)
     tuned_lib = export_library(tuned_exe, build_dir / "model.so")
     comparisons: list[Comparison] = []
     latency = Latencies()
     if is_host_cpu(spec.target):
-        listener.stage("verifying")
+        recorder.stage("verifying")
         inputs = random_inputs(imported.signature, spec.seed)
         untuned_exe = build_untuned(imported.mod, target)
         comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs)
-        listener.stage("measuring")
+        recorder.stage("measuring")
         latency = measure_latencies(imported, untuned_exe, tuned_lib, build_dir, inputs)
 
-    listener.stage("packaging")
+    recorder.stage("packaging")
     tasks = store.list_tasks(job.id)
-    manifest = _manifest(job, model, imported, plan, tasks, latency, comparisons, settings)
+    manifest = job_manifest(job, model, imported, plan, tasks, latency, comparisons, settings)
     rows = store.job_records(job, scope)
     packed = pack_artifact(tuned_lib, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
     shutil.rmtree(build_dir, ignore_errors=True)
-    artifact = store.add_artifact(job.id, str(packed.path.resolve()), packed.sha256, packed.size_bytes)
-    store.finish_job(
-        job.id,
-        JobStatus.SUCCEEDED,
-        baseline_latency_ms=latency.untuned_ms,
-        tuned_latency_ms=latency.tuned_ms,
-        reference_latency_ms=latency.references_ms,
-    )
+    artifact = recorder.artifact(str(packed.path.resolve()), packed.sha256, packed.size_bytes)
+    recorder.succeeded(latency)
     return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
 
 
@@ -378,68 +267,6 @@ def _resumed_tasks(store: Store, job: Job, tasks: list[Task], scope: str | None)
         )
     log.info("job %s resumes with %d trials already measured", job.id, sum(t.trials for t in resumed))
     return resumed
-
-
-def _manifest(
-    job: Job,
-    model: ModelInfo,
-    imported: ImportedModel,
-    plan: GraphPlan,
-    tasks: list[Task],
-    latency: Latencies,
-    comparisons: list[Comparison],
-    settings: Settings,
-) -> dict[str, Any]:
-    return {
-        "kiln_version": tuner.__version__,
-        "tvm_version": tvm.__version__,
-        "job_id": job.id,
-        "created_at": datetime.now(timezone.utc).isoformat(),
-        "model": {"id": model.id, "name": model.name, "format": model.format.value, "sha256": model.sha256},
-        "target": job.spec.target,
-        "target_key": job.target_key,
-        "inputs": [t.to_dict() for t in imported.signature.inputs],
-        "outputs": [t.to_dict() for t in imported.signature.outputs],
-        "weight_prepack": plan.weight_prepack,
-        "fusion": {
-            "operators_before": plan.fusion.operators_before,
-            "kernels_after": plan.fusion.kernels_after,
-            "distinct_tasks": plan.fusion.distinct_tasks,
-        },
-        "tasks": [
-            {
-                "name": t.name,
-                "weight": t.weight,
-                "flops": t.flops,
-                "workload_hash": t.workload_hash,
-                "trials": t.trials,
-                "best_latency_us": t.best_latency_us,
-                "gflops": gflops(t.flops, t.best_latency_us),
-            }
-            for t in tasks
-        ],
-        "budget": {
-            "trials": job.spec.trials,
-            "max_trials_per_task": job.spec.max_trials_per_task,
-            "seed": job.spec.seed,
-        },
-        "latency": {
-            "untuned_ms": latency.untuned_ms,
-            "tuned_ms": latency.tuned_ms,
-            "speedup": latency.speedup,
-            "reference_ms": latency.references_ms,
-            "method": "median wall time of main() in a fresh process per implementation, same seeded inputs",
-            "measured_on": socket.gethostname() if latency.tuned_ms is not None else None,
-        },
-        "verification": {
-            "tolerance": {"rtol": settings.verify_rtol, "atol": settings.verify_atol},
-            "inputs": f"seeded random (seed {job.spec.seed})",
-            "checks": [
-                {"reference": c.reference, "max_abs_error": c.max_abs_error, "ok": c.ok} for c in comparisons
-            ],
-            "skipped": None if comparisons else "the target is not this machine's CPU",
-        },
-    }
 
 
 def artifact_path(store: Store, job_id: str) -> Path:

@@ -1,0 +1,81 @@
+"""The manifest a job's artifact carries: what was tuned, for which target, how fast, and how it was
+checked."""
+
+from __future__ import annotations
+
+import socket
+from datetime import datetime, timezone
+from typing import Any
+
+import tuner
+from kiln_tvm import tvm
+from tuner.compile import Comparison
+from tuner.entities import Job, ModelInfo, Task
+from tuner.frontend import ImportedModel
+from tuner.settings import Settings
+from tuner.tasks import GraphPlan
+from tuner.tune import gflops
+from tuner.verify import Latencies
+
+
+def job_manifest(
+    job: Job,
+    model: ModelInfo,
+    imported: ImportedModel,
+    plan: GraphPlan,
+    tasks: list[Task],
+    latency: Latencies,
+    comparisons: list[Comparison],
+    settings: Settings,
+) -> dict[str, Any]:
+    """The JSON manifest of ``job``'s artifact (``manifest.json`` in the archive)."""
+    return {
+        "kiln_version": tuner.__version__,
+        "tvm_version": tvm.__version__,
+        "job_id": job.id,
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "model": {"id": model.id, "name": model.name, "format": model.format.value, "sha256": model.sha256},
+        "target": job.spec.target,
+        "target_key": job.target_key,
+        "inputs": [t.to_dict() for t in imported.signature.inputs],
+        "outputs": [t.to_dict() for t in imported.signature.outputs],
+        "weight_prepack": plan.weight_prepack,
+        "fusion": {
+            "operators_before": plan.fusion.operators_before,
+            "kernels_after": plan.fusion.kernels_after,
+            "distinct_tasks": plan.fusion.distinct_tasks,
+        },
+        "tasks": [
+            {
+                "name": t.name,
+                "weight": t.weight,
+                "flops": t.flops,
+                "workload_hash": t.workload_hash,
+                "trials": t.trials,
+                "best_latency_us": t.best_latency_us,
+                "gflops": gflops(t.flops, t.best_latency_us),
+            }
+            for t in tasks
+        ],
+        "budget": {
+            "trials": job.spec.trials,
+            "max_trials_per_task": job.spec.max_trials_per_task,
+            "seed": job.spec.seed,
+        },
+        "latency": {
+            "untuned_ms": latency.untuned_ms,
+            "tuned_ms": latency.tuned_ms,
+            "speedup": latency.speedup,
+            "reference_ms": latency.references_ms,
+            "method": "median wall time of main() in a fresh process per implementation, same seeded inputs",
+            "measured_on": socket.gethostname() if latency.tuned_ms is not None else None,
+        },
+        "verification": {
+            "tolerance": {"rtol": settings.verify_rtol, "atol": settings.verify_atol},
+            "inputs": f"seeded random (seed {job.spec.seed})",
+            "checks": [
+                {"reference": c.reference, "max_abs_error": c.max_abs_error, "ok": c.ok} for c in comparisons
+            ],
+            "skipped": None if comparisons else "the target is not this machine's CPU",
+        },
+    }
