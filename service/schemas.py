@@ -1,9 +1,14 @@
-"""The API's request and response bodies (pydantic). Routes convert entities into these, never ORM rows."""
+"""The API's request and response bodies (pydantic). Routes convert entities into these, never ORM rows.
+
+A response built from an entity (:class:`EntityOut`) takes every field the entity has under the same
+name; only what differs (a nested entity, an enum shown by its value, a field of the job's spec) is
+given by hand.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
@@ -20,17 +25,30 @@ class ErrorOut(BaseModel):
     error: ErrorDetail
 
 
-class TensorOut(BaseModel):
+_Out = TypeVar("_Out", bound="EntityOut")
+
+
+class EntityOut(BaseModel):
+    """A response body built from an entity of :mod:`tuner.entities`."""
+
+    @classmethod
+    def from_entity(cls: type[_Out], entity: object, **given: Any) -> _Out:
+        """The fields ``entity`` has (attributes and properties of the same name), then ``given``."""
+        data = {name: getattr(entity, name) for name in cls.model_fields if hasattr(entity, name)}
+        return cls.model_validate({**data, **given})
+
+
+class TensorOut(EntityOut):
     name: str
     shape: list[int | str] = Field(description="Sizes; a string names a dynamic dimension")
     dtype: str
 
     @classmethod
     def of(cls, spec: TensorSpec) -> TensorOut:
-        return cls(name=spec.name, shape=list(spec.shape), dtype=spec.dtype)
+        return cls.from_entity(spec)
 
 
-class ModelOut(BaseModel):
+class ModelOut(EntityOut):
     id: str
     name: str
     format: str
@@ -42,19 +60,15 @@ class ModelOut(BaseModel):
 
     @classmethod
     def of(cls, model: ModelInfo) -> ModelOut:
-        return cls(
-            id=model.id,
-            name=model.name,
+        return cls.from_entity(
+            model,
             format=model.format.value,
-            sha256=model.sha256,
-            size_bytes=model.size_bytes,
             inputs=[TensorOut.of(t) for t in model.signature.inputs],
             outputs=[TensorOut.of(t) for t in model.signature.outputs],
-            created_at=model.created_at,
         )
 
 
-class FusionOut(BaseModel):
+class FusionOut(EntityOut):
     operators_before: int = Field(description="Relax operators before fusion")
     kernels_after: int = Field(description="Fused kernels (PrimFunc calls) after fusion")
     distinct_tasks: int = Field(description="Distinct kernels, i.e. tuning tasks")
@@ -62,15 +76,10 @@ class FusionOut(BaseModel):
 
     @classmethod
     def of(cls, fusion: FusionSummary) -> FusionOut:
-        return cls(
-            operators_before=fusion.operators_before,
-            kernels_after=fusion.kernels_after,
-            distinct_tasks=fusion.distinct_tasks,
-            operator_histogram=dict(fusion.operator_histogram),
-        )
+        return cls.from_entity(fusion)
 
 
-class TaskPreviewOut(BaseModel):
+class TaskPreviewOut(EntityOut):
     name: str
     weight: int = Field(description="How many times the model calls this kernel")
     flops: float
@@ -90,10 +99,7 @@ class ModelTasksOut(BaseModel):
         return cls(
             model_id=model_id,
             target_key=target_key,
-            tasks=[
-                TaskPreviewOut(name=t.name, weight=t.weight, flops=t.flops, workload_hash=t.workload_hash)
-                for t in tasks
-            ],
+            tasks=[TaskPreviewOut.from_entity(t) for t in tasks],
             fusion=FusionOut.of(fusion),
         )
 
@@ -137,7 +143,7 @@ class ProgressOut(BaseModel):
     tasks_total: int
 
 
-class JobOut(BaseModel):
+class JobOut(EntityOut):
     id: str
     model_id: str
     model_name: str
@@ -169,32 +175,18 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: Job, progress: dict[str, int], model_name: str) -> JobOut:
         spec = job.spec
-        return cls(
-            id=job.id,
+        return cls.from_entity(
+            job,
             model_id=spec.model_id,
             model_name=model_name,
-            status=job.status,
-            stage=job.stage,
             target=spec.target,
-            target_key=job.target_key,
             trials=spec.trials,
             max_trials_per_task=spec.max_trials_per_task,
             runner=spec.runner.to_dict(),
             cost_model=spec.cost_model,
             seed=spec.seed,
             progress=ProgressOut(**progress),
-            baseline_latency_ms=job.baseline_latency_ms,
-            tuned_latency_ms=job.tuned_latency_ms,
             reference_latency_ms=dict(job.reference_latency_ms),
-            speedup=job.speedup,
-            error=job.error,
-            cancel_requested=job.cancel_requested,
-            created_at=job.created_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
-            heartbeat_at=job.heartbeat_at,
-            worker=job.worker,
-            attempts=job.attempts,
         )
 
 
@@ -205,7 +197,7 @@ class JobPage(BaseModel):
     offset: int
 
 
-class TaskOut(BaseModel):
+class TaskOut(EntityOut):
     id: int
     name: str
     weight: int
@@ -218,23 +210,10 @@ class TaskOut(BaseModel):
 
     @classmethod
     def list_of(cls, tasks: list[Task]) -> list[TaskOut]:
-        return [
-            cls(
-                id=t.id,
-                name=t.name,
-                weight=t.weight,
-                flops=t.flops,
-                workload_hash=t.workload_hash,
-                trials=t.trials,
-                best_latency_us=t.best_latency_us,
-                gflops=t.gflops,
-                share=share,
-            )
-            for t, share in zip(tasks, time_shares(tasks), strict=True)
-        ]
+        return [cls.from_entity(t, share=share) for t, share in zip(tasks, time_shares(tasks), strict=True)]
 
 
-class CurvePoint(BaseModel):
+class CurvePoint(EntityOut):
     index: int = Field(description="1-based trial number within the task")
     record_id: int
     latency_us: float | None = Field(description="Measured mean latency; null when the candidate failed")
@@ -249,7 +228,7 @@ class CurveOut(BaseModel):
     points: list[CurvePoint]
 
 
-class JobCurvePoint(BaseModel):
+class JobCurvePoint(EntityOut):
     index: int = Field(description="1-based trial number within the job")
     task_id: int
     record_id: int
@@ -270,13 +249,13 @@ class JobCurveOut(BaseModel):
     )
 
 
-class GraphOut(BaseModel):
+class GraphOut(EntityOut):
     target_key: str
     fusion: FusionOut
     graph: str = Field(description="The Relax program after Kiln's passes and fusion, as TVMScript")
 
 
-class BestOut(BaseModel):
+class BestOut(EntityOut):
     task_id: int
     name: str
     latency_us: float
@@ -287,7 +266,7 @@ class BestOut(BaseModel):
     trace_json: Any
 
 
-class DeviceOut(BaseModel):
+class DeviceOut(EntityOut):
     key: str
     free: int
     pending: int

@@ -28,5 +28,5 @@ def list_devices(state: StateDep, owner: OwnerDep) -> DevicesOut:
     queues = tracker_summary(tracker, state.settings.rpc_timeout_s)
     return DevicesOut(
         tracker=tracker,
-        devices=[DeviceOut(key=q.key, free=q.free, pending=q.pending, total=q.total) for q in queues],
+        devices=[DeviceOut.from_entity(q) for q in queues],
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -124,7 +123,7 @@ def job_tasks(job_id: str, state: StateDep, owner: OwnerDep) -> list[TaskOut]:
 def task_curve(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> CurveOut:
     job = state.store.get_job(job_id, owner)
     task = _task(state.store, job, task_id)
-    points = [CurvePoint(**dataclasses.asdict(p)) for p in inspection.task_curve(state.store, job, task)]
+    points = [CurvePoint.from_entity(p) for p in inspection.task_curve(state.store, job, task)]
     return CurveOut(task_id=task.id, name=task.name, points=points)
 
 
@@ -138,7 +137,7 @@ def job_curve(job_id: str, state: StateDep, owner: OwnerDep) -> JobCurveOut:
     job = state.store.get_job(job_id, owner)
     curve = inspection.job_curve(state.store, job, state.settings.record_scope(job.owner))
     return JobCurveOut(
-        points=[JobCurvePoint(**dataclasses.asdict(p)) for p in curve.points],
+        points=[JobCurvePoint.from_entity(p) for p in curve.points],
         warm_start_us=curve.warm_start_us,
     )
 
@@ -159,7 +158,7 @@ async def job_graph(request: Request, job_id: str, state: StateDep, owner: Owner
         )
 
     found = await while_connected(request, plan)
-    return GraphOut(target_key=found.target_key, fusion=FusionOut.of(found.fusion), graph=found.graph)
+    return GraphOut.from_entity(found, fusion=FusionOut.of(found.fusion))
 
 
 @router.get(
@@ -172,16 +171,7 @@ def task_best(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> Be
     job = state.store.get_job(job_id, owner)
     task = _task(state.store, job, task_id)
     best = best_schedule(state.store, job, task, state.settings.record_scope(job.owner))
-    return BestOut(
-        task_id=task.id,
-        name=task.name,
-        latency_us=best.latency_us,
-        gflops=best.gflops,
-        trace=best.trace,
-        tir=best.tir,
-        tir_before=task_tir(state.store, task),
-        trace_json=best.trace_json,
-    )
+    return BestOut.from_entity(best, task_id=task.id, name=task.name, tir_before=task_tir(state.store, task))
 
 
 def _snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:
