@@ -1,0 +1,40 @@
+// Line charts with the vendored uPlot (loaded as a classic script before the modules run).
+
+import { fill, h } from "./dom.js";
+
+const COLORS = ["#c2410c", "#1d4ed8", "#15803d", "#7c3aed"];
+
+export function lineChart(container, { xLabel, yLabel, series, x, ys, points = false }) {
+  fill(container);
+  container.dataset.points = String(x.length);
+  if (!x.length) {
+    container.append(h("p", { class: "muted" }, "No measured trial yet."));
+    return null;
+  }
+  const width = Math.max(320, container.clientWidth || 600);
+  const opts = {
+    width,
+    height: 260,
+    scales: { x: { time: false } },
+    axes: [{ label: xLabel }, { label: yLabel, size: 70 }],
+    series: [
+      { label: xLabel },
+      ...series.map((s, i) => ({
+        label: s.label,
+        stroke: COLORS[i % COLORS.length],
+        width: s.points ? 0 : 2,
+        paths: s.points ? () => null : undefined,
+        points: { show: s.points || points, size: s.points ? 5 : 3, fill: COLORS[i % COLORS.length] },
+        spanGaps: true,
+      })),
+    ],
+  };
+  return new window.uPlot(opts, [x, ...ys], container);
+}
+
+// A block of code, highlighted by the vendored highlight.js when it is there.
+export function code(text) {
+  const el = h("code", { class: "language-python" }, text);
+  if (window.hljs) window.hljs.highlightElement(el);
+  return h("pre", { class: "code" }, el);
+}

@@ -1,0 +1,79 @@
+// Small DOM helpers and formatters shared by every page.
+
+export function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "class") el.className = value;
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else el.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+// Like replaceChildren, but skips null/false children (conditional parts of a view).
+export function fill(el, ...children) {
+  el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+export function fmt(value, digits = 3) {
+  if (value === null || value === undefined) return "–";
+  return Number(value).toFixed(digits);
+}
+
+export function fmtUs(us) {
+  if (us === null || us === undefined) return "–";
+  return us >= 1000 ? `${(us / 1000).toFixed(2)} ms` : `${us.toFixed(1)} µs`;
+}
+
+export function fmtFlops(flops) {
+  if (!flops) return "–";
+  if (flops >= 1e9) return `${(flops / 1e9).toFixed(2)} G`;
+  if (flops >= 1e6) return `${(flops / 1e6).toFixed(2)} M`;
+  return `${(flops / 1e3).toFixed(1)} k`;
+}
+
+export function fmtAge(iso) {
+  if (!iso) return "–";
+  const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  if (s < 60) return `${Math.round(s)} s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${(s / 3600).toFixed(1)} h ago`;
+  return `${(s / 86400).toFixed(1)} d ago`;
+}
+
+export function badge(status) {
+  return h("span", { class: `badge ${status}`, dataset: { status } }, status);
+}
+
+export function progressBar(done, total, wide = false) {
+  const pct = total ? Math.min(100, (100 * done) / total) : 0;
+  const bar = h("span", {});
+  bar.style.width = `${pct}%`;
+  return h("span", { class: `progress${wide ? " wide" : ""}`, title: `${done} / ${total} trials` }, bar);
+}
+
+export function errorBox(err) {
+  if (!err) return null;
+  const kind = err.kind || "error";
+  return h("div", { class: "error", role: "alert" }, h("span", { class: "kind" }, kind), err.message || String(err));
+}
+
+// A card with a heading-less "Loading…" placeholder, appended to the view.
+export function loadingCard(view) {
+  const card = h("div", { class: "card" }, h("p", { class: "muted" }, "Loading…"));
+  view.append(card);
+  return card;
+}
+
+// The task list of a model plan as a table: name, weight, FLOPs.
+export function planTable(tasks, { head = true, weightPrefix = "" } = {}) {
+  return h("table", {},
+    head ? h("thead", {}, h("tr", {}, h("th", {}, "Task"), h("th", { class: "num" }, "Weight"), h("th", { class: "num" }, "FLOPs"))) : null,
+    h("tbody", {}, tasks.map((t) => h("tr", {}, h("td", {}, t.name), h("td", { class: "num" }, `${weightPrefix}${t.weight}`), h("td", { class: "num" }, fmtFlops(t.flops))))));
+}

@@ -1,0 +1,49 @@
+// The compiler view: a task's TIR before scheduling, its tuned TIR and trace; the fused Relax program.
+
+import { api } from "../api.js";
+import { code } from "../chart.js";
+import { errorBox, fill, fmtUs, h } from "../dom.js";
+import { taskPicker } from "./tasks.js";
+
+export function compilerView(jobId) {
+  const kernel = h("div", { id: "compiler-view" });
+  const graph = h("div", { class: "graph", id: "graph-view" });
+  const picker = taskPicker("compiler-task", (taskId) => showTask(taskId));
+
+  async function showTask(taskId) {
+    fill(kernel, h("p", { class: "muted" }, "Loading…"));
+    try {
+      const best = await api(`jobs/${jobId}/tasks/${taskId}/best`);
+      fill(kernel,
+        h("p", { class: "muted" }, `Best: ${fmtUs(best.latency_us)}${best.gflops ? `, ${best.gflops.toFixed(1)} GFLOP/s` : ""}`),
+        h("div", { class: "codes" },
+          h("div", { id: "tir-before" }, h("h3", {}, "TIR before scheduling"), code(best.tir_before)),
+          h("div", { id: "tir-tuned" }, h("h3", {}, "Tuned TIR"), code(best.tir)),
+          h("div", { id: "trace" }, h("h3", {}, "Schedule trace"), code(best.trace))));
+    } catch (err) {
+      fill(kernel, errorBox(err));
+    }
+  }
+
+  async function showGraph() {
+    try {
+      const g = await api(`jobs/${jobId}/graph`);
+      const hist = Object.entries(g.fusion.operator_histogram).sort((a, b) => b[1] - a[1]);
+      fill(graph, h("details", { id: "graph-details" },
+        h("summary", {}, `Model after fusion: ${g.fusion.operators_before} operators → ${g.fusion.kernels_after} kernels (${g.fusion.distinct_tasks} distinct tasks)`),
+        h("table", { style: "width: auto" }, h("thead", {}, h("tr", {}, h("th", {}, "Operator"), h("th", { class: "num" }, "Count"))),
+          h("tbody", {}, hist.map(([op, n]) => h("tr", {}, h("td", {}, op), h("td", { class: "num" }, n))))),
+        h("h3", {}, "Relax program after fusion"), code(g.graph)));
+    } catch (err) {
+      fill(graph, errorBox(err));
+    }
+  }
+
+  return {
+    el: h("div", { class: "card" }, h("h2", {}, "Compiler view"), h("p", {}, "Task ", picker.el), kernel, graph),
+    setTasks: picker.render,
+    selectedTask: () => Number(picker.el.value),
+    showTask,
+    showGraph,
+  };
+}

@@ -1,0 +1,59 @@
+// The job's tuning curves: estimated end-to-end latency per trial, and one task's trials and best.
+
+import { api } from "../api.js";
+import { lineChart } from "../chart.js";
+import { errorBox, fill, h } from "../dom.js";
+import { taskPicker } from "./tasks.js";
+
+export function tuningCurves(jobId) {
+  const jobChart = h("div", { class: "chart", id: "curve-chart" });
+  const taskChart = h("div", { class: "chart", id: "task-chart" });
+  let selectedTask = null;
+  let lastDrawnAt = 0;
+  let timer = null;
+  const picker = taskPicker("task-select", (taskId) => { selectedTask = taskId; drawTask(); });
+
+  async function drawJob() {
+    lastDrawnAt = Date.now();
+    try {
+      const curve = await api(`jobs/${jobId}/curve`);
+      const pts = curve.points.filter((p) => p.estimate_us !== null);
+      lineChart(jobChart, { xLabel: "trial", yLabel: "µs (estimated)", x: pts.map((p) => p.index), ys: [pts.map((p) => p.estimate_us)], series: [{ label: "estimated latency" }] });
+      jobChart.dataset.trials = String(curve.points.length);
+    } catch (err) {
+      fill(jobChart, errorBox(err));
+    }
+    await drawTask();
+  }
+
+  async function drawTask() {
+    if (selectedTask === null) return;
+    try {
+      const curve = await api(`jobs/${jobId}/tasks/${selectedTask}/curve`);
+      lineChart(taskChart, {
+        xLabel: "trial of this task", yLabel: "µs", x: curve.points.map((p) => p.index),
+        ys: [curve.points.map((p) => p.latency_us), curve.points.map((p) => p.best_us)],
+        series: [{ label: "measured", points: true }, { label: "best so far" }],
+      });
+    } catch (err) {
+      fill(taskChart, errorBox(err));
+    }
+  }
+
+  return {
+    jobChart,
+    taskChart,
+    taskSelect: picker.el,
+    setTasks(tasks) {
+      picker.render(tasks);
+      if (selectedTask === null && tasks.length) selectedTask = tasks[0].id;
+    },
+    // At most one redraw every 2 s while trials stream in; force redraws now.
+    schedule(force) {
+      clearTimeout(timer);
+      const wait = force ? 0 : Math.max(0, 2000 - (Date.now() - lastDrawnAt));
+      timer = setTimeout(drawJob, wait);
+    },
+    stop: () => clearTimeout(timer),
+  };
+}

@@ -1,0 +1,53 @@
+// The job page's header (status, progress, actions) and its before/after latency bars.
+
+import { api, download } from "../api.js";
+import { badge, errorBox, fill, fmt, h, progressBar } from "../dom.js";
+
+export function jobHead() {
+  const el = h("div", { class: "card", id: "job-head" }, h("p", { class: "muted" }, "Loading…"));
+  function render(job) {
+    const busy = job.status === "queued" || job.status === "running";
+    const actions = h("div", { class: "actions" },
+      busy ? h("button", { class: "danger", id: "cancel-job", disabled: job.cancel_requested, onclick: async (e) => {
+        e.target.disabled = true;
+        try { await api(`jobs/${job.id}/cancel`, { method: "POST" }); } catch (err) { el.append(errorBox(err)); }
+      } }, job.cancel_requested ? "Cancelling…" : "Cancel") : null,
+      h("button", { id: "download-artifact", disabled: job.status !== "succeeded", onclick: () => download(`jobs/${job.id}/artifact`, "artifact.tar.gz").catch((err) => el.append(errorBox(err))) }, "Download artifact"),
+      h("button", { id: "download-records", disabled: !job.progress.trials_done, onclick: () => download(`jobs/${job.id}/records`, "records.tar.gz").catch((err) => el.append(errorBox(err))) }, "Download records"));
+    const stat = (label, value) => h("div", { class: "stat" }, h("div", { class: "v" }, value), h("div", { class: "l" }, label));
+    fill(el,
+      h("div", { class: "jobhead" }, h("h1", {}, `Job ${job.id.slice(0, 8)}`), badge(job.status), job.stage ? h("span", { class: "muted", id: "job-stage" }, job.stage) : null,
+        h("span", { class: "muted" }, `${job.model_name} on ${job.target_key}`)),
+      h("div", { style: "margin-top: 10px" }, progressBar(job.progress.trials_done, job.trials, true)),
+      h("div", { class: "stats" },
+        stat("trials", `${job.progress.trials_done} / ${job.trials}`),
+        stat("tasks measured", `${job.progress.tasks_done} / ${job.progress.tasks_total}`),
+        stat("untuned TVM", job.baseline_latency_ms ? `${fmt(job.baseline_latency_ms)} ms` : "–"),
+        stat("tuned", job.tuned_latency_ms ? `${fmt(job.tuned_latency_ms)} ms` : "–"),
+        stat("speedup", job.speedup ? `${job.speedup.toFixed(1)}×` : "–"),
+        stat("worker", job.worker || "–")),
+      job.error ? errorBox({ kind: job.status, message: job.error }) : null,
+      actions);
+  }
+  return { el, render, fail: (err) => fill(el, errorBox(err)) };
+}
+
+export function latencyBars() {
+  const el = h("div", { class: "bars", id: "latency-bars" });
+  function render(job) {
+    const entries = [["untuned TVM", job.baseline_latency_ms, ""], ["Kiln (tuned)", job.tuned_latency_ms, "tuned"]];
+    for (const [peer, ms] of Object.entries(job.reference_latency_ms || {})) entries.push([peer, ms, "peer"]);
+    const known = entries.filter(([, ms]) => ms);
+    if (!known.length) {
+      fill(el, h("p", { class: "muted" }, "Measured once the job has compiled its artifact."));
+      return;
+    }
+    const max = Math.max(...known.map(([, ms]) => ms));
+    fill(el, ...known.map(([name, ms, cls]) => {
+      const bar = h("span", { class: "fill" });
+      bar.style.width = `${Math.max(0.5, (220 * ms) / max)}px`;
+      return h("div", { class: `bar ${cls}`, dataset: { name } }, h("span", { class: "name" }, name), bar, h("span", { class: "val" }, `${fmt(ms)} ms`));
+    }), h("p", { class: "hint" }, "Median wall time in a fresh process per implementation, same inputs."));
+  }
+  return { el, render };
+}

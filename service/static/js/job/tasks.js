@@ -1,0 +1,52 @@
+// The job's task table, sortable by any column.
+
+import { fill, fmt, fmtFlops, fmtUs, h } from "../dom.js";
+
+const COLUMNS = [
+  ["name", "Task", (t) => t.name, false],
+  ["weight", "Weight", (t) => t.weight, true],
+  ["flops", "FLOPs", (t) => fmtFlops(t.flops), true],
+  ["trials", "Trials", (t) => t.trials, true],
+  ["best_latency_us", "Best", (t) => fmtUs(t.best_latency_us), true],
+  ["gflops", "GFLOP/s", (t) => fmt(t.gflops, 1), true],
+  ["share", "Share of time", (t) => (t.share === null ? "–" : `${(100 * t.share).toFixed(1)} %`), true],
+];
+
+function sorted(tasks, { key, desc }) {
+  if (!key) return tasks;
+  return [...tasks].sort((a, b) => {
+    const va = a[key], vb = b[key];
+    if (va === vb) return 0;
+    if (va === null || va === undefined) return 1;
+    if (vb === null || vb === undefined) return -1;
+    return (va < vb ? -1 : 1) * (desc ? -1 : 1);
+  });
+}
+
+export function taskTable() {
+  const el = h("div", { id: "task-table" });
+  let sort = { key: null, desc: false };
+  let tasks = [];
+  function render(next = tasks) {
+    tasks = next;
+    const { key, desc } = sort;
+    const header = COLUMNS.map(([k, label, , num]) => h("th", {
+      class: `sortable${num ? " num" : ""}${key === k ? (desc ? " sorted-desc" : " sorted-asc") : ""}`,
+      dataset: { key: k },
+      onclick: () => { sort = { key: k, desc: sort.key === k ? !sort.desc : num }; render(); },
+    }, label));
+    fill(el, h("table", {}, h("thead", {}, h("tr", {}, header)),
+      h("tbody", {}, sorted(tasks, sort).map((t) => h("tr", { dataset: { task: t.id } }, COLUMNS.map(([, , get, num]) => h("td", { class: num ? "num" : "" }, get(t))))))));
+  }
+  return { el, render };
+}
+
+// A <select> of the job's tasks, refilled when their number changes.
+export function taskPicker(id, onChange) {
+  const el = h("select", { id });
+  el.addEventListener("change", () => onChange(Number(el.value)));
+  function render(tasks) {
+    if (el.options.length !== tasks.length) fill(el, ...tasks.map((t) => h("option", { value: t.id }, t.name)));
+  }
+  return { el, render };
+}

@@ -1,0 +1,41 @@
+// The job list, refreshed every 2 s.
+
+import { api } from "../api.js";
+import { badge, errorBox, fill, fmt, fmtAge, h, loadingCard, progressBar } from "../dom.js";
+
+export function jobsPage(view) {
+  view.append(h("h1", {}, "Jobs"));
+  const card = loadingCard(view);
+  let timer = null;
+  async function refresh() {
+    try {
+      fill(card, jobsTable(await api("jobs?limit=100")));
+    } catch (err) {
+      fill(card, errorBox(err));
+    }
+    timer = setTimeout(refresh, 2000);
+  }
+  refresh();
+  return () => clearTimeout(timer);
+}
+
+function jobsTable(page) {
+  if (!page.items.length) {
+    return h("p", {}, "No job yet. ", h("a", { href: "#/submit" }, "Upload a model and start one."));
+  }
+  const rows = page.items.map((job) =>
+    h("tr", { class: "clickable", dataset: { job: job.id }, onclick: () => (location.hash = `#/jobs/${job.id}`) },
+      h("td", {}, h("a", { href: `#/jobs/${job.id}` }, job.id.slice(0, 8))),
+      h("td", {}, job.model_name),
+      h("td", { class: "muted" }, job.target_key),
+      h("td", {}, badge(job.status), job.stage ? h("span", { class: "muted" }, ` ${job.stage}`) : null),
+      h("td", {}, progressBar(job.progress.trials_done, job.trials), ` ${job.progress.trials_done} / ${job.trials}`),
+      h("td", { class: "num" }, job.baseline_latency_ms ? `${fmt(job.baseline_latency_ms)} → ${fmt(job.tuned_latency_ms)} ms` : "–"),
+      h("td", { class: "num" }, job.speedup ? `${job.speedup.toFixed(1)}×` : "–"),
+      h("td", { class: "muted" }, fmtAge(job.created_at)),
+    ));
+  return h("table", { id: "jobs-table" },
+    h("thead", {}, h("tr", {}, ...["Job", "Model", "Target", "Status", "Trials", "Untuned → tuned", "Speedup", "Submitted"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, rows),
+    page.total > page.items.length ? h("caption", { class: "muted" }, `${page.items.length} of ${page.total} shown`) : null);
+}

@@ -1,0 +1,155 @@
+// New job: upload (or pick) a model, preview its tasks on the chosen target, and start tuning.
+
+import { api } from "../api.js";
+import { errorBox, fill, h, planTable } from "../dom.js";
+
+export function submitPage(view) {
+  view.append(h("h1", {}, "New tuning job"));
+  const job = jobForm();
+  const model = modelForm((chosen) => job.select(chosen));
+  view.append(h("div", { class: "row" },
+    h("div", { class: "card" }, h("h2", {}, "1. Model"), model.form, model.info),
+    h("div", { class: "card" }, h("h2", {}, "2. Job"), job.form, h("h2", {}, "Tasks to tune"), job.preview)));
+  return () => {};
+}
+
+// Step 1: upload a model file, or pick one uploaded before; onSelect gets the stored model.
+function modelForm(onSelect) {
+  const uploadError = h("div", {});
+  const info = h("div", {});
+  const shapes = h("textarea", { id: "input-shapes", rows: 2, placeholder: '{"x": [1, 3, 224, 224]}' });
+  const file = h("input", { type: "file", id: "model-file", accept: ".onnx,.pt2", required: true });
+  const name = h("input", { type: "text", id: "model-name", placeholder: "default: the file name" });
+  const existing = h("select", { id: "existing-model" }, h("option", { value: "" }, "— or pick an uploaded model —"));
+
+  function select(model) {
+    const tensorRows = (list, kind) => list.map((t) => h("tr", {}, h("td", {}, kind), h("td", {}, t.name), h("td", {}, `[${t.shape.join(", ")}]`), h("td", {}, t.dtype)));
+    fill(info,
+      h("div", { class: "notice", id: "model-ready" }, `Model “${model.name}” (${model.format}, ${(model.size_bytes / 1e6).toFixed(2)} MB, sha256 ${model.sha256.slice(0, 12)}) is ready.`),
+      h("table", {}, h("thead", {}, h("tr", {}, ...["", "Name", "Shape", "Type"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, tensorRows(model.inputs, "input"), tensorRows(model.outputs, "output"))));
+    onSelect(model);
+  }
+
+  async function upload(e) {
+    e.preventDefault();
+    fill(uploadError);
+    if (!file.files.length) return;
+    const body = new FormData();
+    body.append("file", file.files[0]);
+    if (name.value.trim()) body.append("name", name.value.trim());
+    if (shapes.value.trim()) body.append("input_shapes", shapes.value.trim());
+    const button = form.querySelector("button");
+    button.disabled = true;
+    button.textContent = "Importing…";
+    try {
+      select(await api("models", { method: "POST", form: body }));
+    } catch (err) {
+      fill(uploadError, errorBox(err));
+      if (err.kind === "missing_input_shape") shapes.focus();
+    } finally {
+      button.disabled = false;
+      button.textContent = "Upload";
+    }
+  }
+
+  const form = h("form", { class: "stack", id: "upload-form", onsubmit: upload },
+    h("label", {}, "Model file (ONNX or torch.export .pt2)", file),
+    h("label", {}, "Name", name),
+    h("label", {}, "Input shapes, for inputs with dynamic dimensions (JSON)", shapes),
+    h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Upload")),
+    uploadError,
+    h("div", { class: "field" }, existing));
+
+  api("models").then((models) => {
+    for (const m of models) existing.append(h("option", { value: m.id }, `${m.name} (${m.id.slice(0, 8)})`));
+    existing.addEventListener("change", () => {
+      const m = models.find((x) => x.id === existing.value);
+      if (m) select(m);
+    });
+  }).catch(() => {});
+  return { form, info };
+}
+
+// Step 2: the job's target, budget, runner and cost model, with the tasks the target gives.
+function jobForm() {
+  let chosen = null;
+  const target = h("select", { id: "target" }, h("option", { value: "host" }, "host (the workers' CPU)"), h("option", { value: "custom" }, "custom TVM target (JSON)"));
+  const customTarget = h("textarea", { id: "custom-target", rows: 2, hidden: true, placeholder: '{"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 8}' });
+  const trials = h("input", { type: "number", id: "trials", min: 0, value: 64 });
+  const perTask = h("input", { type: "number", id: "per-task", min: 1, placeholder: "no cap" });
+  const seed = h("input", { type: "number", id: "seed", min: 0, value: 0 });
+  const runner = h("select", { id: "runner" }, h("option", { value: "local" }, "local (measure on the worker)"));
+  const costModel = h("select", { id: "cost-model" }, h("option", { value: "xgb" }, "XGBoost"), h("option", { value: "random" }, "random"));
+  const jobError = h("div", {});
+  const preview = h("div", { id: "task-preview" });
+  const start = h("button", { type: "submit", class: "primary", id: "start-job", disabled: true }, "Start tuning");
+
+  async function previewTasks() {
+    if (!chosen) return;
+    let targetParam = "host";
+    if (target.value === "custom") {
+      if (!customTarget.value.trim()) return;
+      targetParam = customTarget.value.trim();
+    }
+    fill(preview, h("p", { class: "muted" }, "Extracting tasks…"));
+    try {
+      const plan = await api(`models/${chosen.id}/tasks?target=${encodeURIComponent(targetParam)}`);
+      fill(preview,
+        h("p", { class: "muted" }, `${plan.fusion.operators_before} operators → ${plan.fusion.kernels_after} fused kernels, ${plan.tasks.length} tasks on ${plan.target_key}`),
+        planTable(plan.tasks));
+    } catch (err) {
+      fill(preview, errorBox(err));
+    }
+  }
+  target.addEventListener("change", () => { customTarget.hidden = target.value !== "custom"; previewTasks(); });
+  customTarget.addEventListener("change", previewTasks);
+
+  async function submit(e) {
+    e.preventDefault();
+    fill(jobError);
+    if (!chosen) return;
+    let targetValue = "host";
+    if (target.value === "custom") {
+      try { targetValue = JSON.parse(customTarget.value); } catch (err) {
+        fill(jobError, errorBox({ kind: "invalid_target", message: `not valid JSON: ${err.message}` }));
+        return;
+      }
+    }
+    const body = { model_id: chosen.id, target: targetValue, trials: Number(trials.value), seed: Number(seed.value || 0), cost_model: costModel.value };
+    if (perTask.value) body.max_trials_per_task = Number(perTask.value);
+    if (runner.value.startsWith("rpc:")) {
+      const [, tracker, key] = runner.value.split("|");
+      body.runner = { kind: "rpc", tracker, key };
+    }
+    start.disabled = true;
+    try {
+      const job = await api("jobs", { method: "POST", json: body });
+      location.hash = `#/jobs/${job.id}`;
+    } catch (err) {
+      fill(jobError, errorBox(err));
+      start.disabled = false;
+    }
+  }
+
+  const form = h("form", { class: "stack", id: "job-form", onsubmit: submit },
+    h("label", {}, "Target", target, customTarget),
+    h("div", { class: "row" },
+      h("label", {}, "Trials (total budget)", trials),
+      h("label", {}, "At most per task", perTask),
+      h("label", {}, "Seed", seed)),
+    h("div", { class: "row" }, h("label", {}, "Runner", runner), h("label", {}, "Cost model", costModel)),
+    h("div", { class: "actions" }, start),
+    jobError);
+
+  api("devices").then((d) => {
+    for (const dev of d.devices) runner.append(h("option", { value: `rpc:|${d.tracker}|${dev.key}` }, `RPC: ${dev.key} (${dev.free} free, ${dev.pending} pending)`));
+  }).catch(() => {});
+
+  function select(model) {
+    chosen = model;
+    start.disabled = false;
+    previewTasks();
+  }
+  return { form, preview, select };
+}
