@@ -211,8 +211,8 @@ def token_list() -> None:
     table = Table(title="API tokens")
     table.add_column("name")
     table.add_column("created")
-    for name, created in open_store().list_tokens():
-        table.add_row(name, created.strftime("%Y-%m-%d %H:%M"))
+    for token in open_store().list_tokens():
+        table.add_row(token.name, token.created_at.strftime("%Y-%m-%d %H:%M"))
     console.print(table)
 
 

@@ -191,7 +191,7 @@ def _check_owner(store: Store, owner: str) -> None:
 
     if not owner:
         return
-    known = {name for name, _ in store.list_tokens()} | set(
+    known = {token.name for token in store.list_tokens()} | set(
         parse_tokens(current_settings().api_tokens).values()
     )
     if owner not in known:

@@ -356,6 +356,13 @@ class TimelineEntry(NamedTuple):
     at: datetime
 
 
+class ApiToken(NamedTuple):
+    """A stored API token, by name (only the token's hash is kept)."""
+
+    name: str
+    created_at: datetime
+
+
 @dataclass(frozen=True)
 class Artifact:
     """A compiled, verified model package of a job."""

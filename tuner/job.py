@@ -167,6 +167,7 @@ def _execute(settings: Settings, job: Job, recorder: JobRecorder, should_stop: A
 
 def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) -> JobResult:
     spec = job.spec
+    validate_spec(spec)  # the same checks as at submission: a job stored by other means fails here, clearly
     model = store.get_model(spec.model_id)
     recorder.stage("importing")
     target = to_tvm_target(spec.target)

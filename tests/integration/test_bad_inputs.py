@@ -131,3 +131,17 @@ def test_job_whose_model_bytes_are_damaged_fails_with_the_reason(
     assert "not" in (failed.error or "") and failed.finished_at is not None
     assert store.list_tasks(job.id) == []
     assert store.count_records(job_id=job.id) == 0
+
+
+def test_a_job_stored_without_submit_checks_fails_before_importing(
+    store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    # A job row written by other means (an older Kiln, a hand-edited database) gets the submit checks too.
+    model, _ = register_model(store, settings, _mlp_file(tmp_path))
+    spec = JobSpec(model_id=model.id, target=host_target(), trials=4, cost_model="foo")
+    job = store.create_job(spec, "llvm", "")
+    with pytest.raises(InvalidSpec, match="unknown cost model 'foo'"):
+        run_job(store, settings, job.id)
+    failed = store.get_job(job.id)
+    assert failed.status is JobStatus.FAILED and "cost model" in (failed.error or "")
+    assert failed.stage is None and store.list_tasks(job.id) == []

@@ -13,7 +13,7 @@ import math
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.entities import (
+    ApiToken,
     Artifact,
     BestRecord,
     FusionSummary,
@@ -1097,10 +1098,12 @@ class Store:
         with self.session_scope(write=False) as s:
             return s.scalar(sa.select(ApiTokenRow.name).where(ApiTokenRow.token_sha256 == token_sha256))
 
-    def list_tokens(self) -> list[tuple[str, datetime]]:
-        """``(name, created_at)`` of every stored token."""
+    def list_tokens(self) -> list[ApiToken]:
+        """Every stored token."""
         with self.session_scope(write=False) as s:
-            return [(n, at) for n, at in s.execute(sa.select(ApiTokenRow.name, ApiTokenRow.created_at))]
+            return [
+                ApiToken(n, at) for n, at in s.execute(sa.select(ApiTokenRow.name, ApiTokenRow.created_at))
+            ]
 
     def has_tokens(self) -> bool:
         """Whether any token is stored (the API then requires one)."""
