@@ -16,8 +16,8 @@ from tuner.entities import Artifact, FusionSummary, JobStatus, Task
 from tuner.errors import Conflict
 
 if TYPE_CHECKING:
+    from tuner.metaschedule.callback import TrialBatch
     from tuner.store.sql import Store
-    from tuner.tune import TrialBatch
     from tuner.verify import Latencies
 
 log = logging.getLogger(__name__)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kiln_tvm import (
     Target,
-    derived_object,
     ms,
     physical_core_count,
     register_cpu_tensor_intrinsics,
@@ -21,12 +19,11 @@ from tuner.entities import RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
+from tuner.metaschedule.callback import BatchListener, ProgressCallback, StopCheck
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.metaschedule.runner import ExclusiveRunner
 
 log = logging.getLogger(__name__)
-
-FAILED_RUN_SECS = 1e9  # MetaSchedule records failed candidates with run_secs = [1e10]
 
 
 @dataclass(frozen=True)
@@ -61,19 +58,6 @@ class MeasureConfig:
     population_size: int = 256
     cost_model: str = "xgb"
     runner: RunnerSpec = field(default_factory=RunnerSpec)
-
-
-@dataclass
-class TrialBatch:
-    """What one measured batch of a task did; passed to progress listeners."""
-
-    task_index: int
-    latencies_us: list[float | None]  # None: the candidate failed to build or run
-    errors: list[str | None]
-
-
-BatchListener = Callable[[TrialBatch], None]
-StopCheck = Callable[[], bool]
 
 
 def _evaluator(config: MeasureConfig) -> Any:
@@ -118,50 +102,6 @@ def make_cost_model(name: str, cores: int) -> Any:
             num_tuning_cores=cores,
         )
     return ms.cost_model.RandomModel()
-
-
-def _latency_us(result: Any) -> tuple[float | None, str | None]:
-    if result.error_msg:
-        return None, str(result.error_msg).strip().splitlines()[-1][:500]
-    secs = [float(s) for s in result.run_secs or []]
-    if not secs or min(secs) >= FAILED_RUN_SECS:
-        return None, "no valid measurement"
-    return sum(secs) / len(secs) * 1e6, None
-
-
-@derived_object
-class ProgressCallback(ms.measure_callback.PyMeasureCallback):
-    """Reports each measured batch and stops the search when asked to (cancellation)."""
-
-    def __init__(self, on_batch: BatchListener | None, should_stop: StopCheck | None) -> None:
-        super().__init__()
-        self.on_batch = on_batch
-        self.should_stop = should_stop
-
-    def apply(
-        self,
-        task_scheduler: Any,
-        task_id: int,
-        measure_candidates: list[Any],
-        builder_results: list[Any],
-        runner_results: list[Any],
-    ) -> None:
-        latencies: list[float | None] = []
-        errors: list[str | None] = []
-        for built, ran in zip(builder_results, runner_results, strict=False):
-            if built.error_msg:
-                latencies.append(None)
-                errors.append("build failed: " + str(built.error_msg).strip().splitlines()[-1][:500])
-                continue
-            lat, err = _latency_us(ran)
-            latencies.append(lat)
-            errors.append(err)
-        if self.on_batch is not None:
-            self.on_batch(TrialBatch(task_index=int(task_id), latencies_us=latencies, errors=errors))
-        if self.should_stop is not None and self.should_stop():
-            for i, record in enumerate(task_scheduler.tasks_):
-                if not record.is_terminated:  # terminating twice is a fatal check in TVM
-                    task_scheduler.terminate_task(i)
 
 
 def trials_per_iter(budget: Budget, num_tasks: int, preferred: int) -> int:

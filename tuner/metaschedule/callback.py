@@ -1,0 +1,68 @@
+"""Kiln's measure callback: reports each measured batch of a task, and stops the search when asked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kiln_tvm import derived_object, ms
+
+FAILED_RUN_SECS = 1e9  # MetaSchedule records failed candidates with run_secs = [1e10]
+
+
+@dataclass
+class TrialBatch:
+    """What one measured batch of a task did; passed to progress listeners."""
+
+    task_index: int
+    latencies_us: list[float | None]  # None: the candidate failed to build or run
+    errors: list[str | None]
+
+
+BatchListener = Callable[[TrialBatch], None]
+StopCheck = Callable[[], bool]
+
+
+def _latency_us(result: Any) -> tuple[float | None, str | None]:
+    if result.error_msg:
+        return None, str(result.error_msg).strip().splitlines()[-1][:500]
+    secs = [float(s) for s in result.run_secs or []]
+    if not secs or min(secs) >= FAILED_RUN_SECS:
+        return None, "no valid measurement"
+    return sum(secs) / len(secs) * 1e6, None
+
+
+@derived_object
+class ProgressCallback(ms.measure_callback.PyMeasureCallback):
+    """Reports each measured batch and stops the search when asked to (cancellation)."""
+
+    def __init__(self, on_batch: BatchListener | None, should_stop: StopCheck | None) -> None:
+        super().__init__()
+        self.on_batch = on_batch
+        self.should_stop = should_stop
+
+    def apply(
+        self,
+        task_scheduler: Any,
+        task_id: int,
+        measure_candidates: list[Any],
+        builder_results: list[Any],
+        runner_results: list[Any],
+    ) -> None:
+        latencies: list[float | None] = []
+        errors: list[str | None] = []
+        for built, ran in zip(builder_results, runner_results, strict=False):
+            if built.error_msg:
+                latencies.append(None)
+                errors.append("build failed: " + str(built.error_msg).strip().splitlines()[-1][:500])
+                continue
+            lat, err = _latency_us(ran)
+            latencies.append(lat)
+            errors.append(err)
+        if self.on_batch is not None:
+            self.on_batch(TrialBatch(task_index=int(task_id), latencies_us=latencies, errors=errors))
+        if self.should_stop is not None and self.should_stop():
+            for i, record in enumerate(task_scheduler.tasks_):
+                if not record.is_terminated:  # terminating twice is a fatal check in TVM
+                    task_scheduler.terminate_task(i)
