@@ -64,11 +64,27 @@ export function errorBox(err) {
   return h("div", { class: "error", role: "alert" }, h("span", { class: "kind" }, kind), err.message || String(err));
 }
 
-// A card with a heading-less "Loading…" placeholder, appended to the view.
+// A card with a "Loading…" placeholder, appended to the view.
 export function loadingCard(view) {
   const card = h("div", { class: "card" }, h("p", { class: "muted" }, "Loading…"));
   view.append(card);
   return card;
+}
+
+// Fills card with render(await load()) now and then every intervalMs (an error box when loading fails);
+// returns the page's cleanup, which stops it.
+export function keepFilled(card, load, render, intervalMs) {
+  let timer = null;
+  async function refresh() {
+    try {
+      fill(card, render(await load()));
+    } catch (err) {
+      fill(card, errorBox(err));
+    }
+    timer = setTimeout(refresh, intervalMs);
+  }
+  refresh();
+  return () => clearTimeout(timer);
 }
 
 // The task list of a model plan as a table: name, weight, FLOPs.

@@ -1,22 +1,11 @@
 // The job list, refreshed every 2 s.
 
 import { api } from "../api.js";
-import { badge, errorBox, fill, fmt, fmtAge, h, loadingCard, progressBar } from "../dom.js";
+import { badge, fmt, fmtAge, h, keepFilled, loadingCard, progressBar } from "../dom.js";
 
 export function jobsPage(view) {
   view.append(h("h1", {}, "Jobs"));
-  const card = loadingCard(view);
-  let timer = null;
-  async function refresh() {
-    try {
-      fill(card, jobsTable(await api("jobs?limit=100")));
-    } catch (err) {
-      fill(card, errorBox(err));
-    }
-    timer = setTimeout(refresh, 2000);
-  }
-  refresh();
-  return () => clearTimeout(timer);
+  return keepFilled(loadingCard(view), () => api("jobs?limit=100"), jobsTable, 2000);
 }
 
 function jobsTable(page) {
