@@ -142,6 +142,9 @@ class PlanError:
     message: str
 
 
+_RUNNER_TIMEOUTS = ("session_timeout_s", "queue_timeout_s", "timeout_s")
+
+
 @dataclass(frozen=True)
 class RunnerSpec:
     """Where a job's candidates are measured: this machine (``local``), or the TVM RPC servers registered
@@ -174,13 +177,10 @@ class RunnerSpec:
         return self.kind == "local"
 
     def _timeouts(self) -> dict[str, float | None]:
-        return {
-            "session_timeout_s": self.session_timeout_s,
-            "queue_timeout_s": self.queue_timeout_s,
-            "timeout_s": self.timeout_s,
-        }
+        return {name: getattr(self, name) for name in _RUNNER_TIMEOUTS}
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form a job's spec stores and the API shows."""
         if self.is_local:
             return {"kind": "local"}
         timeouts = {name: value for name, value in self._timeouts().items() if value is not None}
@@ -194,7 +194,7 @@ class RunnerSpec:
             return cls()
         if not isinstance(data, Mapping):
             raise InvalidSpec(f"a runner is a JSON object, not {data!r}")
-        unknown = set(data) - {"kind", "tracker", "key", *cls()._timeouts()}
+        unknown = set(data) - {"kind", "tracker", "key", *_RUNNER_TIMEOUTS}
         if unknown:
             raise InvalidSpec(f"unknown runner field(s) {sorted(unknown)}")
         try:

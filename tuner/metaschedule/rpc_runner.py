@@ -50,7 +50,6 @@ def make_rpc_runner(runner: RunnerSpec, evaluator_config: Any) -> Any:
     if runner.is_local:
         raise InvalidSpec("make_rpc_runner needs an rpc runner spec")
     host, port = parse_tracker(runner.tracker)
-
     session_timeout = runner.session_timeout_s or DEFAULT_SESSION_TIMEOUT_S
     queue_timeout = runner.queue_timeout_s or DEFAULT_QUEUE_TIMEOUT_S
     check_timeout = runner.timeout_s or DEFAULT_CHECK_TIMEOUT_S

@@ -1,8 +1,7 @@
 """Talking to TVM's RPC tracker: addresses, device queues, and checks that a runner's device is there.
 
-A remote runner (a :class:`~tuner.entities.RunnerSpec` of kind ``rpc``, tracker ``host:port``, key ``K``):
-candidates are measured on
-whichever server registered itself at that tracker under key ``K``. TVM's own client waits for the
+A remote runner (a :class:`~tuner.entities.RunnerSpec` of kind ``rpc``, tracker ``host:port``, key ``K``)
+measures candidates on whichever server registered itself at that tracker under key ``K``. TVM's own client waits for the
 tracker without bound (it retries refused connections for a minute, and then blocks on the reply), and
 a measurement request for a key with no server queues forever; everything here is bounded instead.
 """
