@@ -36,6 +36,9 @@ from tvm.ir.utils import derived_object  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
+#: The root of MetaSchedule's loggers (its modules log under their own module names).
+METASCHEDULE_LOGGER = ms.__name__
+
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
 
 
@@ -73,6 +76,7 @@ def estimate_flops(mod: tvm.IRModule) -> float:
 
 
 __all__ = [
+    "METASCHEDULE_LOGGER",
     "PopenPoolExecutor",
     "RPCServer",
     "RPCTracker",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln_tvm import (
+    METASCHEDULE_LOGGER,
     Target,
     ms,
     physical_core_count,
@@ -190,9 +191,6 @@ def tune_tasks(
         (work_dir / "profile.txt").write_text(str(profiler.table()))
 
 
-_MS_LOGGER = "tvm.s_tir.meta_schedule"
-
-
 def _task_loggers(work_dir: Path, task_names: list[str]) -> list[logging.Logger]:
     """MetaSchedule's per-task file loggers, with its console output limited to warnings.
 
@@ -202,21 +200,21 @@ def _task_loggers(work_dir: Path, task_names: list[str]) -> list[logging.Logger]
     log_dir = work_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     width = len(str(max(0, len(task_names) - 1)))
-    names = [f"{_MS_LOGGER}.task_{i:0{width}d}_{name[:100]}" for i, name in enumerate(task_names)]
+    names = [f"{METASCHEDULE_LOGGER}.task_{i:0{width}d}_{name[:100]}" for i, name in enumerate(task_names)]
     console = {
-        f"{_MS_LOGGER}.console": {
+        f"{METASCHEDULE_LOGGER}.console": {
             "class": "logging.StreamHandler",
             "stream": "ext://sys.stderr",
-            "formatter": f"{_MS_LOGGER}.standard_formatter",
+            "formatter": f"{METASCHEDULE_LOGGER}.standard_formatter",
             "level": "WARNING",
         }
     }
     # Naming the global logger's handlers here also keeps MetaSchedule from copying handlers that
     # others attached to it (unnamed ones break its config templating on a second run in one process).
     loggers = {
-        _MS_LOGGER: {
+        METASCHEDULE_LOGGER: {
             "level": "DEBUG",
-            "handlers": [f"{_MS_LOGGER}.console", f"{_MS_LOGGER}.file"],
+            "handlers": [f"{METASCHEDULE_LOGGER}.console", f"{METASCHEDULE_LOGGER}.file"],
             "propagate": False,
         }
     }
