@@ -17,12 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.artifact import export_library, pack_artifact
-from tuner.compile import (
-    Comparison,
-    build_tuned,
-    build_untuned,
-    random_inputs,
-)
+from tuner.compile import build_tuned, build_untuned, random_inputs
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
 from tuner.errors import InvalidSpec, KilnError, MissingInputShape, TuningFailed
 from tuner.frontend import check_given_shape, load_model
@@ -37,7 +32,7 @@ from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
 from tuner.tasks import GraphPlan, plan_graph
 from tuner.tune import Budget, MeasureConfig, check_cost_model, tune_tasks
-from tuner.verify import Latencies, measure_latencies, verify_outputs
+from tuner.verify import Comparison, Latencies, measure_latencies, verify_outputs
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,12 @@ from typing import Any
 
 import tuner
 from kiln_tvm import tvm
-from tuner.compile import Comparison
 from tuner.entities import Job, ModelInfo, Task
 from tuner.frontend import ImportedModel
 from tuner.settings import Settings
 from tuner.tasks import GraphPlan
 from tuner.tune import gflops
-from tuner.verify import Latencies
+from tuner.verify import Comparison, Latencies
 
 
 def job_manifest(
