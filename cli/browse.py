@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from cli.app import app, current_settings, open_store
-from cli.render import console, fmt, print_outcome, task_table
+from cli.render import console, fmt, print_latency_report, print_outcome, task_table
 from tuner.errors import KilnError
 
 
@@ -49,6 +49,7 @@ def status(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
         console.print(f"[red]error:[/] {job.error}")
     console.print(task_table(store.list_tasks(job.id), "tasks"))
     print_outcome(job)
+    print_latency_report(job.latency_report)
 
 
 @app.command()

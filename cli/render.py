@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.entities import FusionSummary, Job, Task
+from tuner.entities import FusionSummary, Job, LatencyReport, Task
 
 console = Console()
 err_console = Console(stderr=True)
@@ -85,6 +85,23 @@ class RichListener:
         if self.bar is not None:
             detail = f"{task.name[:40]}: best {fmt(task.best_latency_us)} µs"
             self.progress.update(self.bar, completed=min(trials_done, trials_total), detail=detail)
+
+
+def print_latency_report(report: LatencyReport | None) -> None:
+    """Every implementation's interleaved rounds (median, range), then any warning about the figures."""
+    if report is None:
+        return
+    rounds = max((len(t.rounds_ms) for t in report.timings.values()), default=0)
+    for name, t in report.timings.items():
+        console.print(
+            f"  {name}: {t.median_ms:.3f} ms (median of {len(t.rounds_ms)} rounds, {t.min_ms:.3f} to "
+            f"{t.max_ms:.3f} ms)",
+            highlight=False,
+        )
+    if rounds:
+        console.print(f"  each round timed every implementation once, in a fresh process; {rounds} rounds")
+    for warning in report.warnings:
+        console.print(f"[bold yellow]warning:[/] {warning}")
 
 
 def print_outcome(job: Job) -> None:

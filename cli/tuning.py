@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from cli.app import app, current_settings, open_store
-from cli.render import RichListener, console, fusion_line, print_outcome, task_table
+from cli.render import RichListener, console, fusion_line, print_latency_report, print_outcome, task_table
 from tuner.entities import Job, JobSpec, ModelInfo, RunnerSpec
 from tuner.errors import InvalidSpec, KilnError
 
@@ -77,6 +77,7 @@ def tune(
         if result.job.tuned_latency_ms:
             ratio = ms / result.job.tuned_latency_ms
             console.print(f"{peer} {ms:.3f} ms (Kiln is {ratio:.2f}x as fast)")
+    print_latency_report(result.latency.report)
     if result.artifact is not None:
         path = Path(result.artifact.path)
         if out is not None:

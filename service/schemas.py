@@ -12,7 +12,16 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from tuner.entities import FusionSummary, Job, JobStatus, ModelInfo, Task, TaskInfo, TensorSpec
+from tuner.entities import (
+    FusionSummary,
+    Job,
+    JobStatus,
+    LatencyReport,
+    ModelInfo,
+    Task,
+    TaskInfo,
+    TensorSpec,
+)
 from tuner.inspection import time_shares
 
 
@@ -143,6 +152,34 @@ class ProgressOut(BaseModel):
     tasks_total: int
 
 
+class TimingOut(EntityOut):
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    rounds_ms: list[float] = Field(description="Each round's median, in the order the rounds ran")
+
+
+class LatencyReportOut(BaseModel):
+    timings: dict[str, TimingOut] = Field(
+        description="Per implementation ('untuned TVM', 'Kiln', 'onnxruntime', ...): its interleaved rounds, "
+        "each in a fresh process"
+    )
+    warnings: list[str] = Field(
+        description="Why the figures may be off: a busy machine, rounds that disagree"
+    )
+    other_cpu_share: float | None = Field(description="Share of all CPUs other processes used while timing")
+    load_average: float | None = Field(description="1-minute load average when timing began")
+
+    @classmethod
+    def of(cls, report: LatencyReport) -> LatencyReportOut:
+        return cls(
+            timings={name: TimingOut.from_entity(t) for name, t in report.timings.items()},
+            warnings=list(report.warnings),
+            other_cpu_share=report.other_cpu_share,
+            load_average=report.load_average,
+        )
+
+
 class JobOut(EntityOut):
     id: str
     model_id: str
@@ -161,6 +198,9 @@ class JobOut(EntityOut):
     tuned_latency_ms: float | None
     reference_latency_ms: dict[str, float] = Field(
         description="Peers measured beside it, end to end, e.g. {'onnxruntime': 0.1}"
+    )
+    latency_report: LatencyReportOut | None = Field(
+        description="How the latencies were measured: every round of every implementation, and warnings"
     )
     speedup: float | None
     error: str | None
@@ -187,6 +227,7 @@ class JobOut(EntityOut):
             seed=spec.seed,
             progress=ProgressOut(**progress),
             reference_latency_ms=dict(job.reference_latency_ms),
+            latency_report=LatencyReportOut.of(job.latency_report) if job.latency_report else None,
         )
 
 

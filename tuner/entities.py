@@ -254,6 +254,62 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """One implementation's end-to-end latency over interleaved rounds, each round in a fresh process."""
+
+    rounds_ms: tuple[float, ...]  # each round's median call time, in the order the rounds ran
+
+    @property
+    def median_ms(self) -> float:
+        ordered = sorted(self.rounds_ms)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.rounds_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.rounds_ms)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the rounds: 0 when they agree."""
+        return (self.max_ms - self.min_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LatencyReport:
+    """How a job's side-by-side latencies were measured: every implementation's rounds, how much of the
+    machine other processes used meanwhile, and the warnings a reader of the figures needs."""
+
+    timings: dict[str, Timing]  # by implementation: "untuned TVM", "Kiln", "onnxruntime", ...
+    warnings: tuple[str, ...] = ()
+    other_cpu_share: float | None = None  # fraction of all CPUs other processes used while timing
+    load_average: float | None = None  # 1-minute load average when timing began
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "timings": {name: list(t.rounds_ms) for name, t in self.timings.items()},
+            "warnings": list(self.warnings),
+            "other_cpu_share": self.other_cpu_share,
+            "load_average": self.load_average,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyReport:
+        return cls(
+            timings={
+                name: Timing(tuple(float(x) for x in rounds)) for name, rounds in data["timings"].items()
+            },
+            warnings=tuple(data.get("warnings") or ()),
+            other_cpu_share=data.get("other_cpu_share"),
+            load_average=data.get("load_average"),
+        )
+
+
+@dataclass(frozen=True)
 class Job:
     """A tuning job and its outcome."""
 
@@ -276,6 +332,7 @@ class Job:
     trials_done: int = 0
     trials_total: int = 0
     reference_latency_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"onnxruntime": 0.1}
+    latency_report: LatencyReport | None = None  # how the latencies above were measured
 
     @property
     def speedup(self) -> float | None:

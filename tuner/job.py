@@ -215,7 +215,9 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
         untuned_exe = build_untuned(imported.mod, target)
         comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs)
         recorder.stage("measuring")
-        latency = measure_latencies(imported, untuned_exe, tuned_lib, build_dir, inputs)
+        latency = measure_latencies(
+            imported, untuned_exe, tuned_lib, build_dir, inputs, settings.latency_rounds
+        )
 
     recorder.stage("packaging")
     tasks = store.list_tasks(job.id)

@@ -66,7 +66,13 @@ def job_manifest(
             "tuned_ms": latency.tuned_ms,
             "speedup": latency.speedup,
             "reference_ms": latency.references_ms,
-            "method": "median wall time of main() in a fresh process per implementation, same seeded inputs",
+            "method": "median over interleaved rounds (each round times every implementation once, in a "
+            "fresh process, in a rotated order) of the median wall time of main(), same seeded inputs",
+            "rounds_ms": {n: list(t.rounds_ms) for n, t in latency.report.timings.items()}
+            if latency.report
+            else {},
+            "warnings": list(latency.report.warnings) if latency.report else [],
+            "other_cpu_share": latency.report.other_cpu_share if latency.report else None,
             "measured_on": socket.gethostname() if latency.tuned_ms is not None else None,
         },
         "verification": {

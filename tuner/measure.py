@@ -1,36 +1,48 @@
-"""End-to-end latency of a compiled model (or of onnxruntime), timed in a fresh process.
+"""End-to-end latency of a compiled model (or of onnxruntime), timed in fresh processes, side by side.
 
 Thread pools of different runtimes (TVM, onnxruntime, XGBoost in the tuning process) keep spinning for
 a while after a call and slow each other down on a machine with few cores, so every figure Kiln reports
 is measured by this module run as a child process::
 
-    python -m tuner.measure KIND PATH INPUTS_NPZ
+    python -m tuner.measure KIND PATH INPUTS_NPZ [BUDGET_S]
 
 KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an ONNX
 file). Both are timed the same way: a ``perf_counter`` loop around the call, after warm-up, median of up
 to ``MAX_CALLS`` calls within ``BUDGET_S`` seconds (at least ``MIN_CALLS``). It prints one JSON line.
+
+:func:`interleaved_timings` times several implementations in rounds, each round running every one of
+them once in its own fresh process, in a rotated order: a transient load on the machine then shows as
+rounds that disagree instead of skewing one implementation's only figure. It also measures how much of
+the CPUs other processes used meanwhile, and says so when the figures may be off.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tuner.entities import LatencyReport, Timing
+
 MAX_CALLS = 200
 MIN_CALLS = 5
 BUDGET_S = 3.0
 KINDS = ("tvm", "onnxruntime")
+#: Other processes using more than this share of all CPUs while timing: the figures get a warning.
+BUSY_CPU_SHARE = 0.25
+#: Rounds of one implementation that differ by more than this (max - min over median): a warning.
+DISAGREEING_SPREAD = 0.25
 
 
-def median_call_ms(call: Callable[[], Any]) -> tuple[float, int]:
+def median_call_ms(call: Callable[[], Any], budget_s: float = BUDGET_S) -> tuple[float, int]:
     """Median wall time of ``call`` in ms, and how many timed calls it took."""
     start = time.perf_counter()
     call()
@@ -38,7 +50,7 @@ def median_call_ms(call: Callable[[], Any]) -> tuple[float, int]:
     for _ in range(0 if first > 0.05 else 10):
         call()
     times: list[float] = []
-    deadline = time.perf_counter() + BUDGET_S
+    deadline = time.perf_counter() + budget_s
     while len(times) < MIN_CALLS or (len(times) < MAX_CALLS and time.perf_counter() < deadline):
         start = time.perf_counter()
         call()
@@ -61,33 +73,121 @@ def _onnxruntime_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
     return lambda: session.run(None, feed)
 
 
-def _child(kind: str, path: str, inputs_npz: str) -> None:
+def _child(kind: str, path: str, inputs_npz: str, budget_s: str = str(BUDGET_S)) -> None:
     with np.load(inputs_npz) as data:
         inputs = [data[f"arg{i}"] for i in range(len(data.files))]
     call = _tvm_call(path, inputs) if kind == "tvm" else _onnxruntime_call(path, inputs)
-    median_ms, calls = median_call_ms(call)
+    median_ms, calls = median_call_ms(call, float(budget_s))
     print(json.dumps({"kind": kind, "median_ms": median_ms, "calls": calls}))
 
 
-def latency_in_fresh_process(
-    kind: str, path: Path, inputs: list[np.ndarray], timeout_s: float = 600
-) -> float:
-    """Median end-to-end latency in ms of the model at ``path``, timed in a new Python process."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
-    with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
-        npz = Path(tmp) / "inputs.npz"
-        np.savez(npz, **{f"arg{i}": x for i, x in enumerate(inputs)})
-        done = subprocess.run(
-            [sys.executable, "-m", "tuner.measure", kind, str(path), str(npz)],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+def _time_in_child(kind: str, path: Path, npz: Path, timeout_s: float, budget_s: float) -> float:
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.measure", kind, str(path), str(npz), str(budget_s)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"timing {kind} {path.name} failed: {done.stderr.strip()[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["median_ms"])
 
 
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The order of each round: rotated by one each time, so that no implementation always runs first."""
+    n = len(names)
+    return [names[r % n :] + names[: r % n] for r in range(rounds)] if n else []
+
+
+def interleaved_timings(
+    contenders: Mapping[str, tuple[str, Path]],
+    inputs: list[np.ndarray],
+    rounds: int = 3,
+    timeout_s: float = 600,
+) -> LatencyReport:
+    """Time every contender (name -> (kind, path)) in ``rounds`` interleaved rounds of fresh processes.
+
+    Each round gives each contender ``BUDGET_S / rounds`` seconds of calls, so the total timing stays
+    that of one ``BUDGET_S`` measurement per contender.
+    """
+    if rounds < 1:
+        raise ValueError("at least one round")
+    budget_s = BUDGET_S / rounds
+    measured: dict[str, list[float]] = {name: [] for name in contenders}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    sampler = OtherCpuSampler()
+    with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
+        npz = Path(tmp) / "inputs.npz"
+        np.savez(npz, **{f"arg{i}": x for i, x in enumerate(inputs)})
+        for order in round_orders(list(contenders), rounds):
+            for name in order:
+                kind, path = contenders[name]
+                measured[name].append(_time_in_child(kind, path, npz, timeout_s, budget_s))
+    other = sampler.share()
+    timings = {name: Timing(tuple(values)) for name, values in measured.items()}
+    return LatencyReport(
+        timings=timings, warnings=busy_warnings(timings, other), other_cpu_share=other, load_average=load
+    )
+
+
+def busy_warnings(timings: Mapping[str, Timing], other_cpu_share: float | None) -> tuple[str, ...]:
+    """What a reader of these figures should know: other processes were busy, or rounds disagree."""
+    warnings = []
+    if other_cpu_share is not None and other_cpu_share > BUSY_CPU_SHARE:
+        warnings.append(
+            f"the machine was busy: other processes used {100 * other_cpu_share:.0f} % of the CPUs while "
+            "Kiln timed the model, so these figures may be off; time the artifact again on an idle machine"
+        )
+    for name, t in timings.items():
+        if len(t.rounds_ms) > 1 and t.spread > DISAGREEING_SPREAD:
+            warnings.append(
+                f"the rounds of {name} disagree by {100 * t.spread:.0f} % ({t.min_ms:.3f} to {t.max_ms:.3f} ms): "
+                "something else probably ran meanwhile"
+            )
+    return tuple(warnings)
+
+
+class OtherCpuSampler:
+    """How much of all CPUs processes other than this one and its children used since it was made.
+
+    Reads the machine's busy time from ``/proc/stat`` and subtracts this process's own CPU time and that
+    of its finished children; None where ``/proc/stat`` cannot be read (not Linux).
+    """
+
+    def __init__(self) -> None:
+        self._start = (time.monotonic(), _machine_busy_s(), _own_cpu_s())
+
+    def share(self) -> float | None:
+        wall0, busy0, own0 = self._start
+        busy1 = _machine_busy_s()
+        if busy0 is None or busy1 is None:
+            return None
+        wall = time.monotonic() - wall0
+        cpus = os.cpu_count() or 1
+        if wall <= 0:
+            return 0.0
+        other = (busy1 - busy0) - (_own_cpu_s() - own0)
+        return min(1.0, max(0.0, other / (wall * cpus)))
+
+
+def _machine_busy_s() -> float | None:
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait is busy.
+    values = [int(v) for v in fields[1:9]]
+    busy = sum(values) - values[3] - values[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 if __name__ == "__main__":
-    _child(*sys.argv[1:4])
+    _child(*sys.argv[1:5])

@@ -93,6 +93,7 @@ class JobRecorder:
             baseline_latency_ms=latency.untuned_ms,
             tuned_latency_ms=latency.tuned_ms,
             reference_latency_ms=latency.references_ms,
+            latency_report=latency.report,
         )
 
     def ended(self, status: JobStatus, reason: str) -> None:

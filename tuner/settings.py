@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     measure_number: int = Field(default=3, ge=1, description="Runs per measurement repeat")
     measure_repeat: int = Field(default=1, ge=1, description="Measurement repeats per candidate")
     measure_min_repeat_ms: int = Field(default=50, ge=0, description="Minimum time of one repeat")
+    latency_rounds: int = Field(
+        default=3, ge=1, le=20, description="Interleaved rounds of the end-to-end side-by-side timing"
+    )
     search_population: int = Field(default=256, ge=16, description="Evolutionary search population per round")
     builder_workers: int | None = Field(default=None, description="Parallel builds; default: physical cores")
     weight_prepack: bool = Field(

@@ -14,14 +14,16 @@ import numpy as np
 
 from tuner.artifact import export_library
 from tuner.compile import LoadedModel
-from tuner.entities import ModelFormat
+from tuner.entities import LatencyReport, ModelFormat
 from tuner.errors import VerificationFailed
 from tuner.frontend import ImportedModel
-from tuner.measure import latency_in_fresh_process
+from tuner.measure import interleaved_timings
 from tuner.settings import Settings
 
 #: The name the untuned build goes by in comparisons and reports.
 UNTUNED = "untuned TVM"
+#: The name the tuned build goes by in latency reports.
+TUNED = "Kiln"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,18 @@ class Latencies:
     untuned_ms: float | None = None
     tuned_ms: float | None = None
     references_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"onnxruntime": 0.3}
+    report: LatencyReport | None = None  # the rounds behind these medians, and any warnings
+
+    @classmethod
+    def of(cls, report: LatencyReport) -> Latencies:
+        """The medians of an interleaved measurement of :data:`UNTUNED`, :data:`TUNED` and peers."""
+        medians = {name: t.median_ms for name, t in report.timings.items()}
+        return cls(
+            untuned_ms=medians.pop(UNTUNED, None),
+            tuned_ms=medians.pop(TUNED, None),
+            references_ms=medians,
+            report=report,
+        )
 
     @property
     def speedup(self) -> float | None:
@@ -100,20 +114,24 @@ def verify_outputs(
 
 
 def measure_latencies(
-    imported: ImportedModel, untuned_exe: Any, tuned_lib: Path, build_dir: Path, inputs: list[np.ndarray]
+    imported: ImportedModel,
+    untuned_exe: Any,
+    tuned_lib: Path,
+    build_dir: Path,
+    inputs: list[np.ndarray],
+    rounds: int = 3,
 ) -> Latencies:
-    """End-to-end latencies, each timed in its own fresh process."""
-    untuned_lib = export_library(untuned_exe, build_dir / "untuned.so")
-    references: dict[str, float] = {}
+    """End-to-end latencies of the untuned and tuned builds and of onnxruntime (ONNX models, when
+    installed), from interleaved rounds, each implementation in its own fresh process per round."""
+    contenders: dict[str, tuple[str, Path]] = {
+        UNTUNED: ("tvm", export_library(untuned_exe, build_dir / "untuned.so")),
+        TUNED: ("tvm", tuned_lib),
+    }
     if imported.format is ModelFormat.ONNX and _has_onnxruntime():
         onnx_file = build_dir / "model.onnx"
         onnx_file.write_bytes(imported.canonical_bytes)
-        references["onnxruntime"] = latency_in_fresh_process("onnxruntime", onnx_file, inputs)
-    return Latencies(
-        untuned_ms=latency_in_fresh_process("tvm", untuned_lib, inputs),
-        tuned_ms=latency_in_fresh_process("tvm", tuned_lib, inputs),
-        references_ms=references,
-    )
+        contenders["onnxruntime"] = ("onnxruntime", onnx_file)
+    return Latencies.of(interleaved_timings(contenders, inputs, rounds))
 
 
 def _has_onnxruntime() -> bool:
@@ -134,4 +152,4 @@ def _onnxruntime_outputs(imported: ImportedModel, inputs: list[np.ndarray]) -> l
     return [np.asarray(o) for o in session.run(None, feed)]
 
 
-__all__ = ["UNTUNED", "Latencies", "measure_latencies", "verify_outputs"]
+__all__ = ["TUNED", "UNTUNED", "Latencies", "measure_latencies", "verify_outputs"]

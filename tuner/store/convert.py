@@ -10,6 +10,7 @@ from tuner.entities import (
     Job,
     JobSpec,
     JobStatus,
+    LatencyReport,
     ModelFormat,
     ModelInfo,
     ModelSignature,
@@ -75,6 +76,9 @@ def job_entity(row: JobRow) -> Job:
         trials_done=row.trials_done,
         trials_total=row.trials_total,
         reference_latency_ms=json.loads(row.reference_latency_json) if row.reference_latency_json else {},
+        latency_report=(
+            LatencyReport.from_dict(json.loads(row.latency_report_json)) if row.latency_report_json else None
+        ),
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tuner.entities import Artifact, Job, JobSpec, JobStatus
+from tuner.entities import Artifact, Job, JobSpec, JobStatus, LatencyReport
 from tuner.errors import Conflict, NotFound
 from tuner.store.base import StoreBase, rowcount
 from tuner.store.convert import artifact_entity, job_entity
@@ -95,6 +95,7 @@ class JobQueries(StoreBase):
         baseline_latency_ms: float | None = None,
         tuned_latency_ms: float | None = None,
         reference_latency_ms: dict[str, float] | None = None,
+        latency_report: LatencyReport | None = None,
     ) -> Job:
         """Record a job's outcome (succeeded, failed or cancelled).
 
@@ -115,6 +116,8 @@ class JobQueries(StoreBase):
             values["tuned_latency_ms"] = tuned_latency_ms
         if reference_latency_ms:
             values["reference_latency_json"] = json.dumps(reference_latency_ms)
+        if latency_report is not None:
+            values["latency_report_json"] = json.dumps(latency_report.to_dict())
         unfinished = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
         with self.session_scope() as s:
             result = s.execute(

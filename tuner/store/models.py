@@ -112,6 +112,7 @@ class JobRow(Base):
     stage: Mapped[str | None] = mapped_column(sa.String(32))
     # End-to-end latency (ms) of the peers measured beside the tuned build, e.g. {"onnxruntime": 0.1}.
     reference_latency_json: Mapped[str | None] = mapped_column(sa.Text)
+    latency_report_json: Mapped[str | None] = mapped_column(sa.Text)
 
 
 class WorkloadRow(Base):

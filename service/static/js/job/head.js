@@ -35,19 +35,31 @@ export function jobHead() {
 export function latencyBars() {
   const el = h("div", { class: "bars", id: "latency-bars" });
   function render(job) {
-    const entries = [["untuned TVM", job.baseline_latency_ms, ""], ["Kiln (tuned)", job.tuned_latency_ms, "tuned"]];
-    for (const [peer, ms] of Object.entries(job.reference_latency_ms || {})) entries.push([peer, ms, "peer"]);
+    const report = job.latency_report;
+    const entries = [["untuned TVM", job.baseline_latency_ms, "", "untuned TVM"], ["Kiln (tuned)", job.tuned_latency_ms, "tuned", "Kiln"]];
+    for (const [peer, ms] of Object.entries(job.reference_latency_ms || {})) entries.push([peer, ms, "peer", peer]);
     const known = entries.filter(([, ms]) => ms);
     if (!known.length) {
       fill(el, h("p", { class: "muted" }, "Measured once the job has compiled its artifact."));
       return;
     }
     const max = Math.max(...known.map(([, ms]) => ms));
-    fill(el, ...known.map(([name, ms, cls]) => {
+    const range = (key) => {
+      const t = report && report.timings[key];
+      return t && t.rounds_ms.length > 1 ? ` (${fmt(t.min_ms)}–${fmt(t.max_ms)})` : "";
+    };
+    const rounds = report ? Math.max(...Object.values(report.timings).map((t) => t.rounds_ms.length)) : 1;
+    fill(el, ...known.map(([name, ms, cls, key]) => {
       const bar = h("span", { class: "fill" });
       bar.style.width = `${Math.max(0.5, (220 * ms) / max)}px`;
-      return h("div", { class: `bar ${cls}`, dataset: { name } }, h("span", { class: "name" }, name), bar, h("span", { class: "val" }, `${fmt(ms)} ms`));
-    }), h("p", { class: "hint" }, "Median wall time in a fresh process per implementation, same inputs."));
+      return h("div", { class: `bar ${cls}`, dataset: { name } }, h("span", { class: "name" }, name), bar, h("span", { class: "val" }, `${fmt(ms)} ms${range(key)}`));
+    }),
+    h("p", { class: "hint" }, rounds > 1
+      ? `Median of ${rounds} interleaved rounds (range in brackets); each round times every implementation once, in a fresh process, same inputs.`
+      : "Median wall time in a fresh process per implementation, same inputs."),
+    report && report.warnings.length
+      ? h("div", { class: "error", role: "alert", id: "latency-warnings" }, h("span", { class: "kind" }, "busy machine?"), report.warnings.join(" "))
+      : null);
   }
   return { el, render };
 }

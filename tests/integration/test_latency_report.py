@@ -1,0 +1,51 @@
+"""A job's side-by-side latencies come from interleaved rounds, and say so everywhere they are shown."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.models import build_mlp
+from tuner.entities import JobSpec, JobStatus
+from tuner.job import run_job, submit_job
+from tuner.models import register_model
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.targets import host_target
+from tuner.verify import TUNED, UNTUNED
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_jobs_latencies_are_medians_of_interleaved_rounds(
+    store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(seed=11), str(path))
+    model, _ = register_model(store, settings, path)
+    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=0))
+
+    result = run_job(store, settings, job.id)
+
+    finished = store.get_job(job.id)
+    assert finished.status is JobStatus.SUCCEEDED, finished.error
+    report = finished.latency_report
+    assert report is not None and report == result.latency.report
+    assert set(report.timings) == {UNTUNED, TUNED, "onnxruntime"}
+    assert all(len(t.rounds_ms) == settings.latency_rounds for t in report.timings.values())
+    assert all(t.min_ms <= t.median_ms <= t.max_ms for t in report.timings.values())
+    assert finished.baseline_latency_ms == report.timings[UNTUNED].median_ms
+    assert finished.tuned_latency_ms == report.timings[TUNED].median_ms
+    assert finished.reference_latency_ms == {"onnxruntime": report.timings["onnxruntime"].median_ms}
+    assert report.other_cpu_share is None or 0.0 <= report.other_cpu_share <= 1.0
+
+    with tarfile.open(result.artifact.path) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    latency = manifest["latency"]
+    assert latency["rounds_ms"] == {name: list(t.rounds_ms) for name, t in report.timings.items()}
+    assert latency["warnings"] == list(report.warnings)
+    assert "interleaved rounds" in latency["method"]

@@ -1,0 +1,71 @@
+"""The side-by-side timing's pieces: rotated rounds, the busy-machine check, and the report's figures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.entities import LatencyReport, Timing
+from tuner.measure import OtherCpuSampler, busy_warnings, round_orders
+
+
+def test_rounds_rotate_so_that_nobody_always_runs_first() -> None:
+    orders = round_orders(["untuned TVM", "Kiln", "onnxruntime"], 4)
+    assert orders == [
+        ["untuned TVM", "Kiln", "onnxruntime"],
+        ["Kiln", "onnxruntime", "untuned TVM"],
+        ["onnxruntime", "untuned TVM", "Kiln"],
+        ["untuned TVM", "Kiln", "onnxruntime"],
+    ]
+    assert all(sorted(order) == sorted(orders[0]) for order in orders)
+    assert round_orders([], 3) == []
+
+
+def test_timing_reports_the_median_and_range_of_its_rounds() -> None:
+    t = Timing((2.0, 1.0, 4.0))
+    assert (t.median_ms, t.min_ms, t.max_ms) == (2.0, 1.0, 4.0)
+    assert t.spread == pytest.approx(1.5)
+    assert Timing((1.0, 3.0)).median_ms == 2.0
+    assert Timing((5.0,)).spread == 0.0
+
+
+def test_a_report_survives_its_json_form() -> None:
+    report = LatencyReport(
+        timings={"Kiln": Timing((1.0, 1.1, 0.9)), "onnxruntime": Timing((2.0, 2.2, 2.1))},
+        warnings=("w",),
+        other_cpu_share=0.1,
+        load_average=0.5,
+    )
+    assert LatencyReport.from_dict(report.to_dict()) == report
+
+
+def test_busy_warnings_name_disagreeing_rounds_and_a_busy_machine() -> None:
+    calm = {"Kiln": Timing((1.0, 1.05, 0.98)), "onnxruntime": Timing((2.0, 2.1, 2.05))}
+    assert busy_warnings(calm, 0.02) == ()
+    assert busy_warnings(calm, None) == ()
+    skewed = {**calm, "onnxruntime": Timing((2.0, 8.0, 2.1))}
+    (warning,) = busy_warnings(skewed, 0.02)
+    assert "onnxruntime" in warning and "disagree" in warning and "2.000 to 8.000 ms" in warning
+    (busy,) = busy_warnings(calm, 0.6)
+    assert "busy" in busy and "60 %" in busy
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the busy check reads /proc/stat (Linux)")
+def test_another_process_spinning_shows_as_other_cpu_use() -> None:
+    sampler = OtherCpuSampler()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.5)
+        share = sampler.share()  # before the spinner is waited for, its CPU time is not Kiln's own
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert share is not None
+    # One process spinning on one of this machine's CPUs.
+    cpus = os.cpu_count() or 1
+    assert share > 0.6 / cpus, share
