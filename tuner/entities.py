@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -261,9 +262,7 @@ class Timing:
 
     @property
     def median_ms(self) -> float:
-        ordered = sorted(self.rounds_ms)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return statistics.median(self.rounds_ms)
 
     @property
     def min_ms(self) -> float:

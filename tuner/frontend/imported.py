@@ -4,10 +4,11 @@ and error mapping of the Relax module an importer returns."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -151,3 +152,29 @@ def check_static_params(mod: tvm.IRModule, model_name: str, inputs: tuple[Tensor
             f"importing '{model_name}' left input '{param.name}' without a static shape ({ty}); "
             "give every input's shape with --input-shape"
         )
+
+
+def imported_model(
+    mod: tvm.IRModule,
+    model_name: str,
+    declared: ModelSignature,
+    shapes: Mapping[str, tuple[int, ...]],
+    output_names: list[str],
+    fmt: ModelFormat,
+    canonical: bytes,
+) -> ImportedModel:
+    """What an importer returns: ``main``'s inputs checked static and given their concrete ``shapes``,
+    its outputs named, and the model's canonical bytes with their hash."""
+    check_static_params(mod, model_name, declared.inputs)
+    inputs = tuple(
+        TensorSpec(name=spec.name, shape=shapes[spec.name], dtype=spec.dtype) for spec in declared.inputs
+    )
+    return ImportedModel(
+        mod=mod,
+        signature=ModelSignature(
+            inputs=inputs, outputs=output_specs(mod, output_names), declared_inputs=declared.inputs
+        ),
+        format=fmt,
+        sha256=hashlib.sha256(canonical).hexdigest(),
+        canonical_bytes=canonical,
+    )

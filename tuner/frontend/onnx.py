@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,9 +10,8 @@ from tuner.entities import Dim, ModelFormat, ModelSignature, TensorSpec
 from tuner.errors import InvalidModel, UnsupportedOperator
 from tuner.frontend.imported import (
     ImportedModel,
-    check_static_params,
     conversion_error,
-    output_specs,
+    imported_model,
     quiet_importer,
     short_error,
     tvm_frontends,
@@ -259,15 +257,5 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
         op = getattr(node, "op_type", None)
         raise conversion_error(err, "ONNX", path.name, op, getattr(node, "name", None)) from None
 
-    check_static_params(mod, path.name, declared.inputs)
-    inputs = tuple(
-        TensorSpec(name=spec.name, shape=shapes[spec.name], dtype=spec.dtype) for spec in declared.inputs
-    )
-    outputs = output_specs(mod, [o.name for o in model.graph.output])
-    return ImportedModel(
-        mod=mod,
-        signature=ModelSignature(inputs=inputs, outputs=outputs, declared_inputs=declared.inputs),
-        format=ModelFormat.ONNX,
-        sha256=hashlib.sha256(canonical).hexdigest(),
-        canonical_bytes=canonical,
-    )
+    outputs = [o.name for o in model.graph.output]
+    return imported_model(mod, path.name, declared, shapes, outputs, ModelFormat.ONNX, canonical)

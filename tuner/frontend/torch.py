@@ -3,7 +3,6 @@ refuse operators TVM lacks, convert, and bind the program's symbolic sizes to th
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -16,9 +15,8 @@ from tuner.errors import InvalidModel, InvalidSpec, MissingDependency, Unsupport
 from tuner.frontend.imported import (
     ImportedModel,
     check_param_count,
-    check_static_params,
     conversion_error,
-    output_specs,
+    imported_model,
     quiet_importer,
     short_error,
     static_int,
@@ -223,15 +221,5 @@ def load_torch(path: Path, given: dict[str, tuple[int, ...]], max_unpacked_bytes
 
     check_param_count(mod, path.name, declared.inputs)
     mod = _bind_torch_shapes(mod, declared.inputs, shapes)
-    check_static_params(mod, path.name, declared.inputs)
-    inputs = tuple(
-        TensorSpec(name=spec.name, shape=shapes[spec.name], dtype=spec.dtype) for spec in declared.inputs
-    )
-    outputs = output_specs(mod, _torch_output_names(len(declared.outputs)))
-    return ImportedModel(
-        mod=mod,
-        signature=ModelSignature(inputs=inputs, outputs=outputs, declared_inputs=declared.inputs),
-        format=ModelFormat.TORCH_EXPORT,
-        sha256=hashlib.sha256(data).hexdigest(),
-        canonical_bytes=data,
-    )
+    outputs = _torch_output_names(len(declared.outputs))
+    return imported_model(mod, path.name, declared, shapes, outputs, ModelFormat.TORCH_EXPORT, data)
