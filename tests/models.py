@@ -128,6 +128,74 @@ def build_small_cnn(batch: Batch = 1, seed: int = 0, image_size: int = 32) -> on
     return _model(graph)
 
 
+def build_relu6_cnn(seed: int = 0, image_size: int = 16) -> onnx.ModelProto:
+    """MobileNet-style block on input ``x`` [1, 3, H, W]: Conv 3->16 3x3 + Clip(0, 6), depthwise Conv
+    16 3x3 + Clip(0, 6), Conv 16->32 1x1 -> output ``y`` [1, 32, H, W].
+
+    ONNX ``Clip`` takes its bounds as inputs (opset >= 11), which TVM's importer turns into opaque
+    maximum/minimum kernels.
+    """
+    rng = np.random.default_rng(seed)
+    inits = [
+        numpy_helper.from_array(np.array(0.0, np.float32), "clip.min"),
+        numpy_helper.from_array(np.array(6.0, np.float32), "clip.max"),
+    ]
+    nodes: list[onnx.NodeProto] = []
+
+    def conv(x: str, name: str, c_in: int, c_out: int, kernel: int, groups: int = 1) -> str:
+        inits.append(
+            numpy_helper.from_array(
+                _he(rng, (c_out, c_in // groups, kernel, kernel), c_in * kernel**2 // groups),
+                f"{name}.weight",
+            )
+        )
+        inits.append(numpy_helper.from_array(_small(rng, (c_out,)), f"{name}.bias"))
+        pad = kernel // 2
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                [x, f"{name}.weight", f"{name}.bias"],
+                [name],
+                name=name,
+                kernel_shape=[kernel, kernel],
+                pads=[pad] * 4,
+                group=groups,
+            )
+        )
+        return name
+
+    def relu6(x: str, name: str) -> str:
+        nodes.append(helper.make_node("Clip", [x, "clip.min", "clip.max"], [name], name=name))
+        return name
+
+    h = relu6(conv("x", "conv1", 3, 16, 3), "relu6_1")
+    h = relu6(conv(h, "dw", 16, 16, 3, groups=16), "relu6_2")
+    conv(h, "y", 16, 32, 1)
+    graph = helper.make_graph(
+        nodes,
+        "relu6_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, image_size, image_size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, image_size, image_size])],
+        inits,
+    )
+    return _model(graph)
+
+
+def build_torch_relu6_cnn(seed: int = 0) -> torch.nn.Module:
+    """The PyTorch twin of :func:`build_relu6_cnn`'s structure (ReLU6, then a Hardtanh(-1, 1) after the
+    depthwise conv), in eval mode. Needs torch."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.ReLU6(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16),
+        torch.nn.Hardtanh(-1.0, 1.0),
+        torch.nn.Conv2d(16, 32, 1),
+    ).eval()
+
+
 def build_torch_mlp(seed: int = 0) -> torch.nn.Module:
     """A small PyTorch MLP (Linear 16->32, ReLU, Linear 32->4) in eval mode. Needs torch."""
     import torch

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
+from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, TaskInfo
 
 
@@ -41,6 +42,8 @@ def inference_passes(conv_layout: str | None = None) -> tvm.transform.Pass:
     layout = [relax.transform.ConvertLayout(CONV_LAYOUTS[conv_layout])] if conv_layout in CONV_LAYOUTS else []
     return tvm.transform.Sequential(
         [
+            # Activations the importers emit as opaque kernels become operators ConvertLayout can move.
+            elementwise_as_operators(),
             *layout,
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
