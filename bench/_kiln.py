@@ -19,6 +19,7 @@ from tuner.entities import FusionSummary, JobSpec, Task
 from tuner.frontend import load_model
 from tuner.job import run_job, submit_job
 from tuner.models import register_model
+from tuner.recorder import TuningClock
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import resolve_target, to_tvm_target
@@ -34,6 +35,7 @@ class _StageClock:
         self.tasks = 0
         self.warm_tasks = 0
         self._last_print = 0.0
+        self.clock: TuningClock | None = None
 
     def stage(self, name: str) -> None:
         now = time.perf_counter()
@@ -58,11 +60,19 @@ class _StageClock:
             flush=True,
         )
 
+    def tuning(self, clock: TuningClock) -> None:
+        self.clock = clock
+
     def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
         now = time.perf_counter()
-        if now - self._last_print > 10 or trials_done >= trials_total:
+        if now - self._last_print > 10 or (trials_total and trials_done >= trials_total):
             self._last_print = now
-            print(f"  [{self.label}] {trials_done}/{trials_total} trials", file=sys.stderr, flush=True)
+            spent = f", {self.clock.elapsed_s():.0f} s tuning" if self.clock is not None else ""
+            print(
+                f"  [{self.label}] {trials_done}/{trials_total or '-'} trials{spent}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 @dataclass

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from cli.app import app, current_settings, open_store
-from cli.render import console, fmt, print_latency_report, print_outcome, task_table
+from cli.render import console, fmt, print_latency_report, print_outcome, print_tuning_time, task_table
 from tuner.errors import KilnError
 
 
@@ -30,7 +30,7 @@ def jobs(limit: Annotated[int, typer.Option(help="How many, newest first")] = 20
             model.name,
             job.target_key,
             job.status.value,
-            f"{progress['trials_done']}/{job.spec.trials}",
+            f"{progress['trials_done']}/{'-' if job.spec.trials is None else job.spec.trials}",
             fmt(job.baseline_latency_ms, ".3f"),
             fmt(job.tuned_latency_ms, ".3f"),
             fmt(job.speedup, ".1f"),
@@ -47,6 +47,7 @@ def status(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
     console.print(f"job {job.id}: [bold]{job.status.value}[/] on {job.target_key}")
     if job.error:
         console.print(f"[red]error:[/] {job.error}")
+    print_tuning_time(job)
     console.print(task_table(store.list_tasks(job.id), "tasks"))
     print_outcome(job)
     print_latency_report(job.latency_report)

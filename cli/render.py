@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
 from rich.table import Table
+from rich.text import Text
 
+from cli.durations import format_duration
 from tuner.entities import FusionSummary, Job, LatencyReport, Task
+
+if TYPE_CHECKING:
+    from rich.progress import Task as ProgressTask
+
+    from tuner.recorder import TuningClock
 
 console = Console()
 err_console = Console(stderr=True)
@@ -47,20 +55,42 @@ def fusion_line(fusion: FusionSummary) -> str:
     )
 
 
-class RichListener:
-    """Draws a job's progress: a stage line and a trials bar with the current best per task."""
+def tuning_time_line(elapsed_s: float, remaining_s: float | None) -> str:
+    """``3m10s tuning, 26m50s left`` (or without the budget part when there is none)."""
+    line = f"{format_duration(elapsed_s)} tuning"
+    return line if remaining_s is None else f"{line}, {format_duration(max(0.0, remaining_s))} left"
+
+
+class _ClockColumn(ProgressColumn):
+    """The tuning time so far and what is left of the time budget, read from the job's clock."""
 
     def __init__(self) -> None:
+        super().__init__()
+        self.clock: TuningClock | None = None
+
+    def render(self, task: ProgressTask) -> Text:
+        if self.clock is None:
+            return Text("")
+        return Text(tuning_time_line(self.clock.elapsed_s(), self.clock.remaining_s()), style="cyan")
+
+
+class RichListener:
+    """Draws a job's progress: a stage line and a trials bar with the tuning time (and what is left of
+    the time budget) and the current best per task."""
+
+    def __init__(self) -> None:
+        self.clock_column = _ClockColumn()
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TimeElapsedColumn(),
+            self.clock_column,
             TextColumn("{task.fields[detail]}"),
             console=console,
             transient=False,
         )
         self.bar: Any = None
+        self.trials_total = 0
 
     def __enter__(self) -> RichListener:
         self.progress.start()
@@ -78,13 +108,19 @@ class RichListener:
         warm = sum(1 for t in tasks if t.best_latency_us is not None)
         if warm:
             console.log(f"{warm}/{len(tasks)} tasks start warm from records of earlier runs on this target")
-        if trials_total:
-            self.bar = self.progress.add_task("tuning", total=trials_total, detail="")
+        self.trials_total = trials_total
+
+    def tuning(self, clock: TuningClock) -> None:
+        self.clock_column.clock = clock
+        if self.trials_total or clock.budget_s is not None:
+            # Without a trial budget (time only) the bar counts trials against no total.
+            self.bar = self.progress.add_task("tuning", total=self.trials_total or None, detail="")
 
     def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
         if self.bar is not None:
             detail = f"{task.name[:40]}: best {fmt(task.best_latency_us)} µs"
-            self.progress.update(self.bar, completed=min(trials_done, trials_total), detail=detail)
+            done = min(trials_done, trials_total) if trials_total else trials_done
+            self.progress.update(self.bar, completed=done, detail=detail)
 
 
 def print_latency_report(report: LatencyReport | None) -> None:
@@ -102,6 +138,16 @@ def print_latency_report(report: LatencyReport | None) -> None:
         console.print(f"  each round timed every implementation once, in a fresh process; {rounds} rounds")
     for warning in report.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}")
+
+
+def print_tuning_time(job: Job) -> None:
+    """How long the job has tuned, against its time budget when it has one."""
+    now = datetime.now(timezone.utc)
+    elapsed = job.tuning_elapsed_s(now)
+    if elapsed or job.spec.time_budget_s is not None:
+        budget = job.spec.time_budget_s
+        of = f" of a {format_duration(budget)} budget" if budget is not None else ""
+        console.print(f"{tuning_time_line(elapsed, job.tuning_remaining_s(now))}{of}", highlight=False)
 
 
 def print_outcome(job: Job) -> None:

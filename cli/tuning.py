@@ -13,13 +13,37 @@ import typer
 from rich.table import Table
 
 from cli.app import app, current_settings, open_store
-from cli.render import RichListener, console, fusion_line, print_latency_report, print_outcome, task_table
-from tuner.entities import Job, JobSpec, ModelInfo, RunnerSpec
+from cli.durations import parse_duration
+from cli.render import (
+    RichListener,
+    console,
+    fusion_line,
+    print_latency_report,
+    print_outcome,
+    print_tuning_time,
+    task_table,
+)
+from tuner.entities import DEFAULT_TRIALS, Job, JobSpec, ModelInfo, RunnerSpec
 from tuner.errors import InvalidSpec, KilnError
 
 if TYPE_CHECKING:
     from tuner.store.sql import Store
 
+TrialsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help=f"Total measured trials over all tasks (0: compile from stored records); default "
+        f"{DEFAULT_TRIALS}, or no limit with --time",
+        show_default=False,
+    ),
+]
+TimeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--time",
+        help="Tuning time budget, e.g. 20s, 30m, 1h30m (then compile and verify); alone or with --trials",
+    ),
+]
 TargetOpt = Annotated[str, typer.Option("--target", help="'host' (this CPU) or a TVM target as JSON")]
 PerTaskOpt = Annotated[int | None, typer.Option("--per-task", help="At most this many trials per task")]
 SeedOpt = Annotated[int, typer.Option(help="Search seed")]
@@ -46,9 +70,8 @@ ShapeOpt = Annotated[
 def tune(
     model: ModelArg,
     target: TargetOpt = "host",
-    trials: Annotated[
-        int, typer.Option(help="Total measured trials over all tasks (0: compile from stored records)")
-    ] = 64,
+    trials: TrialsOpt = None,
+    time: TimeOpt = None,
     per_task: PerTaskOpt = None,
     input_shape: ShapeOpt = None,
     seed: SeedOpt = 0,
@@ -62,7 +85,7 @@ def tune(
     from tuner.job import run_job
 
     settings = current_settings()
-    spec = _job_spec(target, trials, per_task, seed, input_shape, cost_model, RunnerSpec())
+    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, RunnerSpec())
     store = open_store()
     info, job = _queue(store, model, spec, name, owner)
     console.print(
@@ -72,6 +95,7 @@ def tune(
     with RichListener() as listener:
         result = run_job(store, settings, job.id, listener=listener)
     console.print(task_table(result.tasks, "tasks"))
+    print_tuning_time(result.job)
     print_outcome(result.job)
     for peer, ms in result.latency.references_ms.items():
         if result.job.tuned_latency_ms:
@@ -127,7 +151,8 @@ def tasks(
 def submit(
     model: ModelArg,
     target: TargetOpt = "host",
-    trials: Annotated[int, typer.Option(help="Total measured trials over all tasks")] = 64,
+    trials: TrialsOpt = None,
+    time: TimeOpt = None,
     per_task: PerTaskOpt = None,
     input_shape: ShapeOpt = None,
     seed: SeedOpt = 0,
@@ -141,14 +166,15 @@ def submit(
     runner = RunnerSpec()
     if rpc_tracker or rpc_key:
         runner = RunnerSpec("rpc", rpc_tracker or current_settings().rpc_tracker or "", rpc_key or "")
-    spec = _job_spec(target, trials, per_task, seed, input_shape, cost_model, runner)
+    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, runner)
     info, job = _queue(open_store(), model, spec, name, owner)
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
 
 
 def _job_spec(
     target: str,
-    trials: int,
+    trials: int | None,
+    time: str | None,
     per_task: int | None,
     seed: int,
     input_shape: list[str] | None,
@@ -161,7 +187,8 @@ def _job_spec(
     return JobSpec(
         model_id="",
         target=target,  # type: ignore[arg-type]  # resolved by _queue
-        trials=trials,
+        trials=DEFAULT_TRIALS if trials is None and time is None else trials,
+        time_budget_s=None if time is None else parse_duration(time),
         max_trials_per_task=per_task,
         seed=seed,
         input_shapes=parse_input_shapes(input_shape or []),

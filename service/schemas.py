@@ -7,12 +7,13 @@ given by hand.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from tuner.entities import (
+    DEFAULT_TRIALS,
     FusionSummary,
     Job,
     JobStatus,
@@ -23,6 +24,8 @@ from tuner.entities import (
     TensorSpec,
 )
 from tuner.inspection import time_shares
+
+MAX_TIME_BUDGET_S = 7 * 24 * 3600  # a week: a longer budget is a typo
 
 
 class ErrorDetail(BaseModel):
@@ -135,7 +138,20 @@ class JobIn(BaseModel):
     target: str | dict[str, Any] = Field(
         default="host", description="'host' (the workers' CPU) or a TVM target as a JSON object"
     )
-    trials: StrictInt = Field(default=64, ge=0, le=100_000, description="Measured trials over all tasks")
+    trials: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description=f"Measured trials over all tasks; default {DEFAULT_TRIALS}, or no limit when a "
+        "time_budget_s is given",
+    )
+    time_budget_s: StrictFloat | StrictInt | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TIME_BUDGET_S,
+        description="Seconds of tuning (search, build, measurement), after which the job compiles and "
+        "verifies what it found; alone or with trials (whichever ends first)",
+    )
     max_trials_per_task: StrictInt | None = Field(default=None, ge=1, le=100_000)
     runner: Runner = Field(default_factory=LocalRunner)
     cost_model: Literal["xgb", "random"] = "xgb"
@@ -188,7 +204,10 @@ class JobOut(EntityOut):
     stage: str | None = Field(description="What a running job is doing: importing, tuning, compiling...")
     target: dict[str, Any]
     target_key: str = Field(description="The canonical target its records are keyed by")
-    trials: int
+    trials: int | None = Field(description="Trial budget; null: no trial limit (time budget only)")
+    time_budget_s: float | None = Field(description="Tuning time budget in seconds; null: none")
+    tuning_s: float = Field(description="Seconds spent tuning so far, over all attempts")
+    tuning_remaining_s: float | None = Field(description="Seconds left of the time budget; null: none")
     max_trials_per_task: int | None
     runner: dict[str, Any]
     cost_model: str
@@ -215,12 +234,16 @@ class JobOut(EntityOut):
     @classmethod
     def of(cls, job: Job, progress: dict[str, int], model_name: str) -> JobOut:
         spec = job.spec
+        now = datetime.now(timezone.utc)
         return cls.from_entity(
             job,
             model_id=spec.model_id,
             model_name=model_name,
             target=spec.target,
             trials=spec.trials,
+            time_budget_s=spec.time_budget_s,
+            tuning_s=job.tuning_elapsed_s(now),
+            tuning_remaining_s=job.tuning_remaining_s(now),
             max_trials_per_task=spec.max_trials_per_task,
             runner=spec.runner.to_dict(),
             cost_model=spec.cost_model,

@@ -13,6 +13,8 @@ from tuner.errors import InvalidSpec
 
 Dim = int | str  # a concrete size, or the name of a dynamic dimension
 
+DEFAULT_TRIALS = 64  # a job's trial budget when it gives neither trials nor a time budget
+
 
 class ModelFormat(str, enum.Enum):
     """File formats Kiln imports."""
@@ -221,12 +223,13 @@ class JobSpec:
 
     model_id: str
     target: dict[str, Any]
-    trials: int
+    trials: int | None  # None: no trial limit; the time budget ends the search
     max_trials_per_task: int | None = None
     seed: int = 0
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     runner: RunnerSpec = field(default_factory=RunnerSpec)
     cost_model: str = "xgb"
+    time_budget_s: float | None = None  # seconds of tuning (search, build, measure) over all attempts
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -238,19 +241,22 @@ class JobSpec:
             "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
             "runner": self.runner.to_dict(),
             "cost_model": self.cost_model,
+            "time_budget_s": self.time_budget_s,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        trials = data.get("trials")
         return cls(
             model_id=data["model_id"],
             target=data["target"],
-            trials=int(data["trials"]),
+            trials=None if trials is None else int(trials),
             max_trials_per_task=data.get("max_trials_per_task"),
             seed=int(data.get("seed", 0)),
             input_shapes={k: tuple(v) for k, v in (data.get("input_shapes") or {}).items()},
             runner=RunnerSpec.from_dict(data.get("runner")),
             cost_model=data.get("cost_model", "xgb"),
+            time_budget_s=data.get("time_budget_s"),
         )
 
 
@@ -332,6 +338,21 @@ class Job:
     trials_total: int = 0
     reference_latency_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"onnxruntime": 0.1}
     latency_report: LatencyReport | None = None  # how the latencies above were measured
+    tuning_s: float = 0.0  # seconds spent tuning, all attempts, up to ``tuning_since``
+    tuning_since: datetime | None = None  # while tuning: when ``tuning_s`` was last brought up to date
+
+    def tuning_elapsed_s(self, now: datetime) -> float:
+        """Seconds this job has spent tuning, counting the running stretch up to ``now``."""
+        tuning_now = self.status is JobStatus.RUNNING and self.stage == "tuning"
+        if self.tuning_since is None or not tuning_now:  # a dead worker's stretch is not counted
+            return self.tuning_s
+        return self.tuning_s + max(0.0, (now - self.tuning_since).total_seconds())
+
+    def tuning_remaining_s(self, now: datetime) -> float | None:
+        """Seconds left of the job's time budget (never below 0), or None when it has none."""
+        if self.spec.time_budget_s is None:
+            return None
+        return max(0.0, self.spec.time_budget_s - self.tuning_elapsed_s(now))
 
     @property
     def speedup(self) -> float | None:

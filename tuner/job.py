@@ -53,7 +53,7 @@ def validate_spec(spec: JobSpec) -> dict[str, Any]:
     """The checks of a job spec that need no model: the target (and that the local runner can run it
     here), the budget, the cost model and the runner. Returns the resolved target."""
     target = resolve_target(spec.target)
-    Budget(spec.trials, spec.max_trials_per_task, spec.seed)
+    Budget(spec.trials, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
     check_cost_model(spec.cost_model)
     validate_runner(spec.runner)
     if spec.runner.is_local:
@@ -183,22 +183,28 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
         raise
     scope = settings.record_scope(job.owner)
     database = KilnDatabase(store, job.target_key, job_id=job.id, owner=scope)
-    recorder.planned(_register_tasks(store, job, plan, database, scope), plan.fusion, spec.trials)
-    remaining = max(0, spec.trials - recorder.trials_done)
+    recorder.planned(_register_tasks(store, job, plan, database, scope), plan.fusion, spec.trials or 0)
+    # A resumed job spends what its earlier attempts left of the trials and of the time.
+    trials_left = None if spec.trials is None else max(0, spec.trials - recorder.trials_done)
+    budget = Budget(trials_left, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
+    time_left = None if spec.time_budget_s is None else spec.time_budget_s - job.tuning_s
+    tunes = trials_left != 0 and (time_left is None or time_left > 0)
 
-    if remaining > 0:
+    if tunes:
         check_runner(spec.runner, settings.rpc_timeout_s)
-    recorder.stage("tuning")
-    tune_tasks(
-        plan.tasks,
-        target,
-        database,
-        Budget(remaining, spec.max_trials_per_task, spec.seed),
-        measure_config(settings, spec),
-        settings.jobs_dir / job.id / "metaschedule",
-        on_batch=recorder.on_batch,
-        should_stop=should_stop,
-    )
+    with recorder.tuning(spec.time_budget_s, job.tuning_s) as clock:
+        if tunes:
+            tune_tasks(
+                plan.tasks,
+                target,
+                database,
+                budget,
+                measure_config(settings, spec),
+                settings.jobs_dir / job.id / "metaschedule",
+                on_batch=recorder.on_batch,
+                should_stop=should_stop,
+                time_left_s=clock.remaining_s,
+            )
     if should_stop is not None and should_stop():
         recorder.ended(JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
         return JobResult(store.get_job(job.id), recorder.tasks, plan.fusion, None, [], Latencies())
@@ -221,7 +227,9 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
 
     recorder.stage("packaging")
     tasks = store.list_tasks(job.id)
-    manifest = job_manifest(job, model, imported, plan, tasks, latency, comparisons, settings)
+    manifest = job_manifest(
+        store.get_job(job.id), model, imported, plan, tasks, latency, comparisons, settings
+    )
     rows = store.job_records(job, scope)
     packed = pack_artifact(tuned_lib, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
     shutil.rmtree(build_dir, ignore_errors=True)

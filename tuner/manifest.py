@@ -58,8 +58,11 @@ def job_manifest(
         ],
         "budget": {
             "trials": job.spec.trials,
+            "time_s": job.spec.time_budget_s,
             "max_trials_per_task": job.spec.max_trials_per_task,
             "seed": job.spec.seed,
+            "trials_measured": sum(t.trials for t in tasks),
+            "tuning_s": round(job.tuning_s, 3),
         },
         "latency": {
             "untuned_ms": latency.untuned_ms,

@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from tuner.entities import Artifact, FusionSummary, JobStatus, Task
 from tuner.errors import Conflict
+from tuner.store.models import utcnow
 
 if TYPE_CHECKING:
     from tuner.metaschedule.callback import TrialBatch
@@ -30,6 +33,10 @@ class JobListener(Protocol):
 
     def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None: ...
 
+    def tuning(self, clock: TuningClock) -> None:
+        """Tuning begins; ``clock`` says how long it has run and how much of its time budget is left."""
+        ...
+
     def measured(self, task: Task, trials_done: int, trials_total: int) -> None: ...
 
 
@@ -39,6 +46,10 @@ class _LogListener:
 
     def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
         pass
+
+    def tuning(self, clock: TuningClock) -> None:
+        if clock.budget_s is not None:
+            log.info("time budget: %.0f s, %.0f s left", clock.budget_s, clock.remaining_s())
 
     def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
         pass
@@ -54,6 +65,7 @@ class JobRecorder:
         self.tasks: list[Task] = []
         self.trials_total = 0
         self.trials_done = 0
+        self.clock: TuningClock | None = None
 
     def stage(self, name: str) -> None:
         """The job moved on to ``name`` (importing, tuning, compiling...)."""
@@ -79,7 +91,24 @@ class JobRecorder:
         self.tasks[batch.task_index] = task
         self.trials_done += len(batch.latencies_us)
         self.store.update_job_progress(self.job_id, self.trials_done, self.trials_total)
+        if self.clock is not None:
+            self.store.set_tuning_time(self.job_id, self.clock.elapsed_s(), utcnow())
         self.listener.measured(task, self.trials_done, self.trials_total)
+
+    @contextlib.contextmanager
+    def tuning(self, budget_s: float | None, spent_before_s: float) -> Iterator[TuningClock]:
+        """The tuning stage: its clock runs (and is kept in the store with every batch) inside the block."""
+        self.stage("tuning")
+        clock = TuningClock(budget_s, spent_before_s)
+        self.clock = clock
+        self.store.set_tuning_time(self.job_id, clock.elapsed_s(), utcnow())
+        self.listener.tuning(clock)
+        try:
+            yield clock
+        finally:
+            clock.stop()
+            self.clock = None
+            self.store.set_tuning_time(self.job_id, clock.elapsed_s(), None)
 
     def artifact(self, path: str, sha256: str, size_bytes: int) -> Artifact:
         """The packed artifact of the job."""
@@ -105,6 +134,30 @@ class JobRecorder:
     def heartbeat(self, worker: str, interval_s: float) -> Heartbeat:
         """Keeps the job's heartbeat fresh while it runs in this process: ``with recorder.heartbeat(...)``."""
         return Heartbeat(self.store, self.job_id, worker, interval_s)
+
+
+class TuningClock:
+    """Seconds a job has spent tuning: ``spent_before_s`` (earlier attempts) plus this run's, against an
+    optional budget."""
+
+    def __init__(self, budget_s: float | None, spent_before_s: float = 0.0) -> None:
+        self.budget_s = budget_s
+        self.spent_before_s = spent_before_s
+        self.started = time.monotonic()
+        self.stopped: float | None = None
+
+    def stop(self) -> None:
+        """Tuning ended: the clock stands still from now on."""
+        if self.stopped is None:
+            self.stopped = time.monotonic()
+
+    def elapsed_s(self) -> float:
+        end = self.stopped if self.stopped is not None else time.monotonic()
+        return self.spent_before_s + end - self.started
+
+    def remaining_s(self) -> float | None:
+        """Seconds left of the budget (can be negative), or None without a time budget."""
+        return None if self.budget_s is None else self.budget_s - self.elapsed_s()
 
 
 class Heartbeat:

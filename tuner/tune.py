@@ -20,31 +20,43 @@ from tuner.entities import RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
-from tuner.metaschedule.callback import BatchListener, ProgressCallback, StopCheck
+from tuner.metaschedule.callback import BatchListener, ProgressCallback
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.metaschedule.runner import ExclusiveRunner
+from tuner.metaschedule.scheduler import KilnTaskScheduler, StopCheck, TimeLeft
 
 log = logging.getLogger(__name__)
+
+# The trial limit of a search bounded by time only (MetaSchedule needs a number; C++ int).
+UNLIMITED_TRIALS = 2**31 - 1
 
 
 @dataclass(frozen=True)
 class Budget:
-    """How much to tune: total trials, an optional per-task cap, and the search seed."""
+    """How much to tune: total trials, seconds of tuning, or both (whichever ends first); an optional
+    per-task cap, and the search seed. ``trials=None`` sets no trial limit (then ``time_s`` is needed)."""
 
-    trials: int
+    trials: int | None
     max_trials_per_task: int | None = None
     seed: int = 0
+    time_s: float | None = None
 
     def __post_init__(self) -> None:
         for name, value in (("trials", self.trials), ("seed", self.seed)):
-            if type(value) is not int:
+            if value is not None and type(value) is not int:
                 raise InvalidSpec(f"{name} must be an integer, got {value!r}")
         if self.max_trials_per_task is not None and type(self.max_trials_per_task) is not int:
             raise InvalidSpec(f"max trials per task must be an integer, got {self.max_trials_per_task!r}")
-        if self.trials < 0:
+        if self.trials is not None and self.trials < 0:
             raise InvalidSpec(f"trials must be >= 0, got {self.trials}")
         if self.max_trials_per_task is not None and self.max_trials_per_task < 1:
             raise InvalidSpec(f"max trials per task must be >= 1, got {self.max_trials_per_task}")
+        if self.time_s is not None and (
+            type(self.time_s) not in (int, float) or not math.isfinite(self.time_s) or self.time_s <= 0
+        ):
+            raise InvalidSpec(f"the time budget must be a positive number of seconds, got {self.time_s!r}")
+        if self.trials is None and self.time_s is None:
+            raise InvalidSpec("give a number of trials, a time budget, or both")
 
 
 @dataclass(frozen=True)
@@ -107,7 +119,7 @@ def make_cost_model(name: str, cores: int) -> Any:
 
 def trials_per_iter(budget: Budget, num_tasks: int, preferred: int) -> int:
     """Candidates per search round: small budgets get smaller rounds so every task is measured."""
-    share = budget.trials // max(1, num_tasks)
+    share = preferred if budget.trials is None else budget.trials // max(1, num_tasks)
     if budget.max_trials_per_task is not None:
         share = min(share, budget.max_trials_per_task)
     return max(2, min(preferred, share))
@@ -122,11 +134,14 @@ def tune_tasks(
     work_dir: Path,
     on_batch: BatchListener | None = None,
     should_stop: StopCheck | None = None,
+    time_left_s: TimeLeft | None = None,
 ) -> None:
-    """Tune extracted tasks with evolutionary search; every measured candidate lands in ``database``.
+    """Tune extracted tasks with evolutionary search; every measured candidate lands in ``database`` as
+    soon as its batch is measured.
 
     ``tasks`` are MetaSchedule ``ExtractedTask``s in the order the caller indexes them; ``on_batch``
-    receives that index.
+    receives that index. The search ends when the trials are spent, when ``should_stop()`` says so
+    (checked before each batch), or before a batch that would not fit in ``time_left_s()`` seconds.
     """
     if budget.trials == 0 or not tasks:
         return
@@ -156,12 +171,13 @@ def tune_tasks(
         ms.measure_callback.AddToDatabase(),
         ms.measure_callback.RemoveBuildArtifact(),
         ms.measure_callback.UpdateCostModel(),
-        ProgressCallback(on_batch, should_stop),
+        ProgressCallback(on_batch),
     ]
     log.info(
-        "tuning %d tasks: %d trials (per task cap %s, %d per round) on %s",
+        "tuning %d tasks: %s trials, %s s (per task cap %s, %d per round) on %s",
         len(tasks),
         budget.trials,
+        budget.time_s,
         budget.max_trials_per_task,
         per_iter,
         target,
@@ -173,9 +189,7 @@ def tune_tasks(
                 tasks=contexts,
                 task_weights=[float(t.weight) for t in tasks],
                 work_dir=str(work_dir),
-                # MetaSchedule starts a round while fewer than this many trials are done, and a round
-                # adds at most ``per_iter``: so the total never exceeds the user's budget.
-                max_trials_global=max(1, budget.trials - per_iter + 1),
+                max_trials_global=_max_trials_global(budget, per_iter),
                 max_trials_per_task=budget.max_trials_per_task,
                 num_trials_per_iter=per_iter,
                 builder=builder,
@@ -183,12 +197,20 @@ def tune_tasks(
                 database=database,
                 cost_model=make_cost_model(config.cost_model, cores),
                 measure_callbacks=callbacks,
-                task_scheduler="gradient",
+                task_scheduler=KilnTaskScheduler(should_stop, time_left_s, seed=budget.seed),
             )
     finally:
         builder.shutdown()
         # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
         (work_dir / "profile.txt").write_text(str(profiler.table()))
+
+
+def _max_trials_global(budget: Budget, per_iter: int) -> int:
+    if budget.trials is None:
+        return UNLIMITED_TRIALS
+    # MetaSchedule starts a round while fewer than this many trials are done, and a round adds at most
+    # ``per_iter``: so the total never exceeds the user's budget.
+    return max(1, budget.trials - per_iter + 1)
 
 
 def _task_loggers(work_dir: Path, task_names: list[str]) -> list[logging.Logger]:

@@ -33,6 +33,18 @@ def test_submitted_job_is_queued_with_a_resolved_target(client: TestClient, mlp_
     assert client.get(f"/api/v1/jobs/{job['id']}").json()["id"] == job["id"]
 
 
+def test_a_job_budget_is_trials_time_or_both(client: TestClient, mlp_model: dict) -> None:
+    default = _submit(client, mlp_model["id"])
+    assert default["trials"] == 64 and default["time_budget_s"] is None
+    assert default["tuning_s"] == 0 and default["tuning_remaining_s"] is None
+    timed = _submit(client, mlp_model["id"], time_budget_s=1800)
+    assert timed["trials"] is None and timed["time_budget_s"] == 1800.0  # no trial limit
+    assert timed["tuning_remaining_s"] == 1800.0
+    both = _submit(client, mlp_model["id"], trials=100, time_budget_s=90.5)
+    assert both["trials"] == 100 and both["time_budget_s"] == 90.5
+    assert client.get(f"/api/v1/jobs/{timed['id']}").json()["time_budget_s"] == 1800.0
+
+
 @pytest.mark.parametrize(
     ("fields", "kind"),
     [
@@ -50,6 +62,10 @@ def test_submitted_job_is_queued_with_a_resolved_target(client: TestClient, mlp_
         ({"trials": True}, "invalid_request"),
         ({"seed": "1"}, "invalid_request"),
         ({"max_trials_per_task": 2.5}, "invalid_request"),
+        ({"time_budget_s": 0}, "invalid_request"),
+        ({"time_budget_s": -30}, "invalid_request"),
+        ({"time_budget_s": "30m"}, "invalid_request"),
+        ({"time_budget_s": 10**9}, "invalid_request"),
         ({"input_shapes": {"x": ["1", 256]}}, "invalid_request"),
         # Targets this machine's local runner cannot run, or that make no sense.
         ({"target": {"kind": "llvm", "num-cores": 10**9}}, "invalid_target"),

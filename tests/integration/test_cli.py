@@ -13,6 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MLP = REPO / "examples" / "mlp.onnx"
+CNN = REPO / "examples" / "small_cnn.onnx"
 
 
 def kiln(*args: str, data_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -111,6 +112,30 @@ def test_tune_then_reuse_records_then_export(tmp_path: Path) -> None:
 
     missing = kiln("status", "no-such-job", data_dir=tmp_path)
     assert missing.returncode == 2 and "not_found" in missing.stderr
+
+
+def test_tune_with_a_time_budget_stops_then_compiles_and_verifies(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = kiln("tune", str(CNN), "--time", "20s", "--out", str(out), data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "verified vs onnxruntime" in done.stdout
+    assert "of a 20s budget" in done.stdout  # the elapsed and remaining time, as the job ends
+    manifest = json.loads(tar_manifest(out / "small_cnn.tar.gz"))
+    budget = manifest["budget"]
+    assert budget["trials"] is None and budget["time_s"] == 20.0  # --time alone: no trial limit
+    assert budget["trials_measured"] > 0
+    # It stopped at the budget: no batch was started that its estimate said would not fit (the first
+    # batch of a task can run longer than that estimate, hence the margin).
+    assert 0 < budget["tuning_s"] <= 20.0 + 30.0
+    assert all(check["ok"] for check in manifest["verification"]["checks"])
+
+    status = kiln("status", manifest["job_id"], data_dir=tmp_path)
+    assert status.returncode == 0 and "s left of a 20s budget" in status.stdout
+    listing = kiln("jobs", data_dir=tmp_path)
+    assert f"{budget['trials_measured']}/-" in listing.stdout
+
+    bad = kiln("tune", str(CNN), "--time", "soon", data_dir=tmp_path)
+    assert bad.returncode == 2 and "--time must be a positive duration" in bad.stderr
 
 
 def tar_manifest(artifact: Path) -> str:

@@ -16,6 +16,21 @@ def test_budget_rejects_negative_trials_and_zero_per_task_cap() -> None:
     assert Budget(0).trials == 0
 
 
+def test_a_budget_is_trials_time_or_both() -> None:
+    assert Budget(None, time_s=20).trials is None
+    assert Budget(50, time_s=1.5).time_s == 1.5
+    with pytest.raises(InvalidSpec, match="trials, a time budget, or both"):
+        Budget(None)
+    for bad in (0, -5.0, float("inf"), float("nan"), "30m", True):
+        with pytest.raises(InvalidSpec, match="positive number of seconds"):
+            Budget(10, time_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_time_only_budget_uses_full_rounds() -> None:
+    assert trials_per_iter(Budget(None, time_s=60), 40, preferred=16) == 16
+    assert trials_per_iter(Budget(None, 4, time_s=60), 40, preferred=16) == 4
+
+
 @pytest.mark.parametrize(
     ("trials", "tasks", "cap", "expected"),
     [

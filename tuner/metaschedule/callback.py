@@ -1,4 +1,4 @@
-"""Kiln's measure callback: reports each measured batch of a task, and stops the search when asked."""
+"""Kiln's measure callback: reports each measured batch of a task."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ class TrialBatch:
 
 
 BatchListener = Callable[[TrialBatch], None]
-StopCheck = Callable[[], bool]
 
 
 def _latency_us(result: Any) -> tuple[float | None, str | None]:
@@ -35,12 +34,11 @@ def _latency_us(result: Any) -> tuple[float | None, str | None]:
 
 @derived_object
 class ProgressCallback(ms.measure_callback.PyMeasureCallback):
-    """Reports each measured batch and stops the search when asked to (cancellation)."""
+    """Reports each measured batch (stopping is the task scheduler's: :mod:`tuner.metaschedule.scheduler`)."""
 
-    def __init__(self, on_batch: BatchListener | None, should_stop: StopCheck | None) -> None:
+    def __init__(self, on_batch: BatchListener | None) -> None:
         super().__init__()
         self.on_batch = on_batch
-        self.should_stop = should_stop
 
     def apply(
         self,
@@ -62,7 +60,3 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
             errors.append(err)
         if self.on_batch is not None:
             self.on_batch(TrialBatch(task_index=int(task_id), latencies_us=latencies, errors=errors))
-        if self.should_stop is not None and self.should_stop():
-            for i, record in enumerate(task_scheduler.tasks_):
-                if not record.is_terminated:  # terminating twice is a fatal check in TVM
-                    task_scheduler.terminate_task(i)

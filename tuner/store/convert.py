@@ -79,6 +79,8 @@ def job_entity(row: JobRow) -> Job:
         latency_report=(
             LatencyReport.from_dict(json.loads(row.latency_report_json)) if row.latency_report_json else None
         ),
+        tuning_s=float(row.tuning_s or 0.0),
+        tuning_since=row.tuning_since,
     )
 
 

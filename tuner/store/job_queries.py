@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -142,6 +143,16 @@ class JobQueries(StoreBase):
             )
             if rowcount(result) == 0:
                 raise NotFound(f"job '{job_id}' not found")
+
+    def set_tuning_time(self, job_id: str, tuning_s: float, since: datetime | None) -> None:
+        """Record the seconds the job has spent tuning, as of ``since`` (None once tuning has ended)."""
+        with self.session_scope() as s:
+            s.execute(
+                sa.update(JobRow)
+                .where(JobRow.id == job_id)
+                .values(tuning_s=tuning_s, tuning_since=since)
+                .execution_options(synchronize_session=False)
+            )
 
     def job_progress(self, job_id: str) -> dict[str, int]:
         """Trials done/total and tasks done/total; a task is done once it has trials or a best latency."""

@@ -38,6 +38,25 @@ export function fmtFlops(flops) {
   return `${(flops / 1e3).toFixed(1)} k`;
 }
 
+// Seconds as "45 s", "12 min 05 s" or "1 h 02 min".
+export function fmtDuration(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, "0")} s`;
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")} min`;
+}
+
+// How far a job is through its budget: its trials, or its time when it has no trial limit.
+export function jobProgress(job, wide = false) {
+  if (job.trials === null && job.time_budget_s) {
+    const bar = progressBar(job.tuning_s, job.time_budget_s, wide);
+    bar.title = `${fmtDuration(job.tuning_s)} of ${fmtDuration(job.time_budget_s)} tuning`;
+    return bar;
+  }
+  return progressBar(job.progress.trials_done, job.trials, wide);
+}
+
 export function fmtAge(iso) {
   if (!iso) return "–";
   const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);

@@ -1,7 +1,7 @@
 // The job page's header (status, progress, actions) and its before/after latency bars.
 
 import { api, download } from "../api.js";
-import { badge, errorBox, fill, fmt, h, progressBar } from "../dom.js";
+import { badge, errorBox, fill, fmt, fmtDuration, h, jobProgress } from "../dom.js";
 
 export function jobHead() {
   const el = h("div", { class: "card", id: "job-head" }, h("p", { class: "muted" }, "Loading…"));
@@ -18,9 +18,15 @@ export function jobHead() {
     fill(el,
       h("div", { class: "jobhead" }, h("h1", {}, `Job ${job.id.slice(0, 8)}`), badge(job.status), job.stage ? h("span", { class: "muted", id: "job-stage" }, job.stage) : null,
         h("span", { class: "muted" }, `${job.model_name} on ${job.target_key}`)),
-      h("div", { style: "margin-top: 10px" }, progressBar(job.progress.trials_done, job.trials, true)),
+      h("div", { style: "margin-top: 10px" }, jobProgress(job, true)),
       h("div", { class: "stats" },
-        stat("trials", `${job.progress.trials_done} / ${job.trials}`),
+        stat("trials", `${job.progress.trials_done} / ${job.trials ?? "no limit"}`),
+        h("div", { class: "stat", id: "tuning-time" },
+          h("div", { class: "v" }, fmtDuration(job.tuning_s)),
+          h("div", { class: "l" }, job.time_budget_s ? `tuning, of ${fmtDuration(job.time_budget_s)}` : "tuning")),
+        job.time_budget_s ? h("div", { class: "stat", id: "tuning-remaining" },
+          h("div", { class: "v" }, fmtDuration(job.tuning_remaining_s)),
+          h("div", { class: "l" }, "time left")) : null,
         stat("tasks measured", `${job.progress.tasks_done} / ${job.progress.tasks_total}`),
         stat("untuned TVM", job.baseline_latency_ms ? `${fmt(job.baseline_latency_ms)} ms` : "–"),
         stat("tuned", job.tuned_latency_ms ? `${fmt(job.tuned_latency_ms)} ms` : "–"),

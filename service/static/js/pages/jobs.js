@@ -1,7 +1,7 @@
 // The job list, refreshed every 2 s.
 
 import { api } from "../api.js";
-import { badge, fmt, fmtAge, h, keepFilled, loadingCard, progressBar } from "../dom.js";
+import { badge, fmt, fmtAge, fmtDuration, h, jobProgress, keepFilled, loadingCard } from "../dom.js";
 
 export function jobsPage(view) {
   view.append(h("h1", {}, "Jobs"));
@@ -18,7 +18,7 @@ function jobsTable(page) {
       h("td", {}, job.model_name),
       h("td", { class: "muted" }, job.target_key),
       h("td", {}, badge(job.status), job.stage ? h("span", { class: "muted" }, ` ${job.stage}`) : null),
-      h("td", {}, progressBar(job.progress.trials_done, job.trials), ` ${job.progress.trials_done} / ${job.trials}`),
+      h("td", {}, jobProgress(job), ` ${job.progress.trials_done} / ${job.trials ?? "–"}`, job.time_budget_s ? ` · ${fmtDuration(job.tuning_s)} / ${fmtDuration(job.time_budget_s)}` : ""),
       h("td", { class: "num" }, job.baseline_latency_ms ? `${fmt(job.baseline_latency_ms)} → ${fmt(job.tuned_latency_ms)} ms` : "–"),
       h("td", { class: "num" }, job.speedup ? `${job.speedup.toFixed(1)}×` : "–"),
       h("td", { class: "muted" }, fmtAge(job.created_at)),

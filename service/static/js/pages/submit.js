@@ -77,6 +77,7 @@ function jobForm() {
   const target = h("select", { id: "target" }, h("option", { value: "host" }, "host (the workers' CPU)"), h("option", { value: "custom" }, "custom TVM target (JSON)"));
   const customTarget = h("textarea", { id: "custom-target", rows: 2, hidden: true, placeholder: '{"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 8}' });
   const trials = h("input", { type: "number", id: "trials", min: 0, value: 64 });
+  const minutes = h("input", { type: "number", id: "time-budget", min: 0, step: "any", placeholder: "no time limit" });
   const perTask = h("input", { type: "number", id: "per-task", min: 1, placeholder: "no cap" });
   const seed = h("input", { type: "number", id: "seed", min: 0, value: 0 });
   const runner = h("select", { id: "runner" }, h("option", { value: "local" }, "local (measure on the worker)"));
@@ -116,7 +117,10 @@ function jobForm() {
         return;
       }
     }
-    const body = { model_id: chosen.id, target: targetValue, trials: Number(trials.value), seed: Number(seed.value || 0), cost_model: costModel.value };
+    const body = { model_id: chosen.id, target: targetValue, seed: Number(seed.value || 0), cost_model: costModel.value };
+    // Trials and a time budget may be given together (whichever ends first) or alone.
+    if (trials.value !== "") body.trials = Number(trials.value);
+    if (minutes.value !== "" && Number(minutes.value) > 0) body.time_budget_s = Number(minutes.value) * 60;
     if (perTask.value) body.max_trials_per_task = Number(perTask.value);
     if (runner.value.startsWith("rpc:")) {
       const [, tracker, key] = runner.value.split("|");
@@ -135,7 +139,8 @@ function jobForm() {
   const form = h("form", { class: "stack", id: "job-form", onsubmit: submit },
     h("label", {}, "Target", target, customTarget),
     h("div", { class: "row" },
-      h("label", {}, "Trials (total budget)", trials),
+      h("label", {}, "Trials (total budget; empty: no limit)", trials),
+      h("label", {}, "Time budget (minutes)", minutes),
       h("label", {}, "At most per task", perTask),
       h("label", {}, "Seed", seed)),
     h("div", { class: "row" }, h("label", {}, "Runner", runner), h("label", {}, "Cost model", costModel)),

@@ -1,0 +1,135 @@
+"""Kiln's task scheduler: MetaSchedule's gradient-based choice of the next task, with every batch committed
+as soon as it is measured, and a stop before a batch that would overrun the time budget.
+
+MetaSchedule's ``GradientBased`` scheduler first sends one batch of every task and joins none of them
+until all are sent: its records are written, and its callbacks run, only after that first round. On a
+model with 46 tasks that is many minutes in which the job shows no progress and a killed worker loses all
+it measured. Kiln's runner measures each batch before returning (see :mod:`tuner.metaschedule.runner`),
+so nothing is gained by waiting: this scheduler joins every finished batch before it picks the next task.
+The choice itself is the same as MetaSchedule's (``src/s_tir/meta_schedule/task_scheduler/gradient_based.cc``):
+round robin until every task has been measured once, then the task with the largest weighted gradient
+of its best latency.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kiln_tvm import derived_object, ms
+
+NO_TASK = -1  # what next_task_id returns to end the search
+FAILED_MS = 1e9  # MetaSchedule's latency for a candidate that failed to build or run
+
+StopCheck = Callable[[], bool]
+TimeLeft = Callable[[], float | None]  # seconds left of a time budget; None: no time limit
+
+
+@derived_object
+class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
+    """Gradient-based task selection that commits each batch at once and stops when told, or before a
+    batch that would not fit in the time left (estimated from the batches so far)."""
+
+    def __init__(
+        self,
+        should_stop: StopCheck | None = None,
+        time_left_s: TimeLeft | None = None,
+        alpha: float = 0.2,
+        window_size: int = 3,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.should_stop = should_stop
+        self.time_left_s = time_left_s
+        self.alpha = alpha
+        self.window_size = window_size
+        self.rng = random.Random(seed)
+        self.clock = clock
+        self.round_robin_done = 0
+        self.best_history: dict[int, list[float]] = {}
+        self.batch_s: list[float] = []  # how long each batch took (search + build + measure)
+        self.picked_at: float | None = None
+
+    # -- the scheduler proper ---------------------------------------------------------------------------
+
+    def next_task_id(self) -> int:
+        scheduler = self._outer()  # type: ignore[attr-defined]  # the TVM object this instance backs
+        self._time_last_batch()
+        self._join_finished(scheduler)
+        if self._must_stop():
+            return NO_TASK
+        tasks = scheduler.tasks_
+        alive = [i for i, task in enumerate(tasks) if not task.is_terminated]
+        if not alive:
+            return NO_TASK
+        unvisited = [i for i in alive if i >= self.round_robin_done]
+        if unvisited:
+            task_id = unvisited[0]
+            self.round_robin_done = task_id + 1
+        else:
+            task_id = self._steepest(alive, [float(tasks[i].task_weight) for i in alive])
+            if tasks[task_id].runner_futures is not None:
+                self._join(scheduler, task_id)
+        self.picked_at = self.clock()
+        return task_id
+
+    def _steepest(self, alive: list[int], weights: list[float]) -> int:
+        """The task whose best latency promises to fall most, weighted (MetaSchedule's formula)."""
+        grads = []
+        w = self.window_size
+        for task_id, weight in zip(alive, weights, strict=True):
+            history = self.best_history.get(task_id, [])
+            n = len(history)
+            if n == 0 or history[-1] >= FAILED_MS:
+                grads.append(-1e9)  # nothing valid measured: MetaSchedule skips such a task too
+                continue
+            best = history[-1]
+            backward = (history[n - 1 - w] - best) / w if n >= 1 + w else 0.0
+            grads.append((self.alpha * backward + (1 - self.alpha) * best / n) * weight)
+        if max(grads) == min(grads):
+            return self.rng.choice(alive)
+        return alive[grads.index(max(grads))]
+
+    # -- committing measured batches ----------------------------------------------------------------------
+
+    def _join_finished(self, scheduler: Any) -> None:
+        for task_id, task in enumerate(scheduler.tasks_):
+            futures = task.runner_futures
+            if not task.is_terminated and futures is not None and all(f.done() for f in futures):
+                self._join(scheduler, task_id)
+
+    def _join(self, scheduler: Any, task_id: int) -> None:
+        """Commit a task's measured batch (records, cost model, callbacks) and note its best latency."""
+        results = scheduler.join_running_task(task_id)
+        batch_best = min((_latency_ms(r) for r in results), default=FAILED_MS)
+        history = self.best_history.setdefault(task_id, [])
+        history.append(min(batch_best, history[-1]) if history else batch_best)
+
+    # -- stopping -----------------------------------------------------------------------------------------
+
+    def _time_last_batch(self) -> None:
+        if self.picked_at is not None:
+            self.batch_s.append(self.clock() - self.picked_at)
+            self.picked_at = None
+
+    def _must_stop(self) -> bool:
+        if self.should_stop is not None and self.should_stop():
+            return True
+        if self.time_left_s is None:
+            return False
+        left = self.time_left_s()
+        if left is None:
+            return False
+        # A batch that would not end within the budget is not started (its estimate: the median batch).
+        return left <= (statistics.median(self.batch_s) if self.batch_s else 0.0)
+
+
+def _latency_ms(result: Any) -> float:
+    if result.error_msg is not None:
+        return FAILED_MS
+    secs = [float(s) for s in result.run_secs or []]
+    return statistics.median(secs) * 1e3 if secs else FAILED_MS
