@@ -44,10 +44,16 @@ format: dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-## bench: side-by-side benchmarks (minutes); figures go to bench/RESULTS.md
-bench: dev
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-dev
+	$(PIP) install -q -e '.[$(DEV_EXTRAS),bench]'
+	touch $@
+
+## bench: side-by-side benchmarks (bench/models.py alone tunes 3 models for 30 minutes each); figures go
+## to bench/RESULTS.md
+bench: $(VENV)/.installed-bench
 	$(PY) bench/matmul.py
 	$(PY) bench/model.py
+	$(PY) bench/models.py
 
 clean:
 	rm -rf $(VENV) kiln-data out bench/work .pytest_cache

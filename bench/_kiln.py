@@ -84,7 +84,7 @@ class KilnRun:
     untuned_so: Path
     input_names: list[str]
     inputs: dict[str, Any]  # Kiln's own seeded inputs (name -> array); benchmarks may use others
-    trials: int
+    trials: int | None  # None: a time budget only
     trials_done: int
     tasks: int
     warm_tasks: int
@@ -94,13 +94,23 @@ class KilnRun:
     manifest: dict[str, Any] = field(default_factory=dict)
 
 
-def tune(onnx_path: Path, data_dir: Path, trials: int, label: str, seed: int = 0) -> KilnRun:
-    """Tune ``onnx_path`` for this CPU with Kiln (a fresh store under ``data_dir``); build the untuned twin."""
+def tune(
+    onnx_path: Path,
+    data_dir: Path,
+    trials: int | None,
+    label: str,
+    seed: int = 0,
+    time_s: float | None = None,
+) -> KilnRun:
+    """Tune ``onnx_path`` for this CPU with Kiln (a fresh store under ``data_dir``) for ``trials``, ``time_s``
+    seconds or both; build the untuned twin."""
     settings = Settings(data_dir=data_dir)
     store = Store.from_settings(settings)
     store.ensure_schema()
     info, _ = register_model(store, settings, onnx_path, name=label)
-    spec = JobSpec(model_id=info.id, target=resolve_target("host"), trials=trials, seed=seed)
+    spec = JobSpec(
+        model_id=info.id, target=resolve_target("host"), trials=trials, seed=seed, time_budget_s=time_s
+    )
     job = submit_job(store, spec)
     clock = _StageClock(label)
     start = time.perf_counter()

@@ -89,7 +89,15 @@ def machine() -> dict[str, Any]:
 def versions() -> dict[str, str | None]:
     """Installed versions of the packages compared (without importing them)."""
     found: dict[str, str | None] = {}
-    for name in ("apache-tvm", "apache-tvm-ffi", "numpy", "onnxruntime", "torch", "threadpoolctl"):
+    for name in (
+        "apache-tvm",
+        "apache-tvm-ffi",
+        "numpy",
+        "onnxruntime",
+        "openvino",
+        "torch",
+        "threadpoolctl",
+    ):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

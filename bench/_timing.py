@@ -7,9 +7,11 @@ implementation is timed by this file run as a child process::
     python bench/_timing.py KIND PATH INPUTS_NPZ OUT_DIR [--calls N --warmup N --budget-s S ...]
 
 KIND is one of ``tvm`` (PATH: a ``model.so`` exported by TVM, run with ``relax.VirtualMachine``),
-``onnxruntime`` (PATH: an ``.onnx`` file), ``torch`` (PATH: an ``.onnx`` file whose weights fill a
-hand-written eager module from ``_torch_models.py``) and ``numpy-matmul`` (PATH unused: ``A @ B`` of
-the two inputs). INPUTS_NPZ holds the inputs in call order, keyed by input name. The child writes
+``onnxruntime`` (PATH: an ``.onnx`` file), ``openvino`` and ``openvino-fp32`` (PATH: an ``.onnx`` file,
+compiled for OpenVINO's CPU plugin with its default inference precision, bf16 on CPUs with AVX512-BF16 or
+AMX, or with ``INFERENCE_PRECISION_HINT=f32``), ``torch`` (PATH: an ``.onnx`` file whose weights fill a
+hand-written eager module from ``_torch_models.py``), ``torch-module`` (PATH: a ``.pt`` file written by
+``_full_models.export``) and ``numpy-matmul`` (PATH unused: ``A @ B`` of the two inputs). INPUTS_NPZ holds the inputs in call order, keyed by input name. The child writes
 ``OUT_DIR/result.json`` and ``OUT_DIR/outputs.npz``.
 
 Every kind is timed the same way: a ``time.perf_counter`` loop around the one Python call that runs the
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("tvm", "onnxruntime", "torch", "numpy-matmul")
+KINDS = ("tvm", "onnxruntime", "openvino", "openvino-fp32", "torch", "torch-module", "numpy-matmul")
 SLOW_CALL_S = 0.05
 
 
@@ -215,12 +217,29 @@ def _ort_runner(path: str, names: list[str], inputs: list[np.ndarray]) -> tuple[
     return (lambda: session.run(None, feed)), (lambda out: [np.asarray(o) for o in out])
 
 
-def _torch_runner(path: str, inputs: list[np.ndarray]) -> tuple[Callable, Callable]:
+def _openvino_runner(
+    path: str, names: list[str], inputs: list[np.ndarray], fp32: bool
+) -> tuple[Callable, Callable]:
+    import openvino
+
+    core = openvino.Core()
+    config = {"INFERENCE_PRECISION_HINT": "f32"} if fp32 else {}
+    compiled = core.compile_model(core.read_model(path), "CPU", config)
+    request = compiled.create_infer_request()
+    feed = dict(zip(names, inputs, strict=True))
+    outputs = list(compiled.outputs)
+    return (lambda: request.infer(feed)), (lambda out: [np.asarray(out[o]) for o in outputs])
+
+
+def _torch_runner(
+    path: str, inputs: list[np.ndarray], saved_module: bool = False
+) -> tuple[Callable, Callable]:
+    import _full_models
     import _torch_models
     import torch
 
     torch.set_num_threads(physical_cores())
-    module = _torch_models.from_onnx(Path(path))
+    module = _full_models.load(Path(path)) if saved_module else _torch_models.from_onnx(Path(path))
     args = [torch.from_numpy(x) for x in inputs]
 
     def run() -> Any:
@@ -256,7 +275,13 @@ def _runtime_info(kind: str) -> dict[str, Any]:
         import onnxruntime
 
         info["onnxruntime_version"] = onnxruntime.__version__
-    elif kind == "torch":
+    elif kind.startswith("openvino"):
+        import openvino
+
+        info["openvino_version"] = openvino.__version__
+        precision = openvino.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
+        info["inference_precision"] = precision.to_string() if kind == "openvino" else "f32"
+    elif kind.startswith("torch"):
         import torch
 
         info["torch_version"] = torch.__version__
@@ -297,8 +322,10 @@ def _child(argv: list[str]) -> None:
         run, to_numpy = _tvm_runner(args.path, inputs)
     elif args.kind == "onnxruntime":
         run, to_numpy = _ort_runner(args.path, names, inputs)
-    elif args.kind == "torch":
-        run, to_numpy = _torch_runner(args.path, inputs)
+    elif args.kind in ("openvino", "openvino-fp32"):
+        run, to_numpy = _openvino_runner(args.path, names, inputs, fp32=args.kind == "openvino-fp32")
+    elif args.kind in ("torch", "torch-module"):
+        run, to_numpy = _torch_runner(args.path, inputs, saved_module=args.kind == "torch-module")
     else:
         run, to_numpy = _numpy_runner(inputs)
     outputs = to_numpy(run())

@@ -21,6 +21,11 @@ from tuner.store import Store
 
 POSTGRES_URL_ENV = "KILN_TEST_DATABASE_URL"
 
+# One round of a job's side-by-side timing (three fresh processes) instead of three: the figures are not
+# what the tests check. tests/integration/test_latency_report.py asks for several rounds, and the CLI's
+# subprocesses inherit this.
+os.environ.setdefault("KILN_LATENCY_ROUNDS", "1")
+
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),

@@ -81,11 +81,15 @@ def test_upload_tune_watch_inspect_download(
     assert page.locator("#task-preview table tbody tr").count() == 2
 
     page.fill("#trials", "8")
+    page.fill("#time-budget", "10")  # minutes; the 8 trials end first
     page.click("#start-job")
     page.wait_for_url("**/#/jobs/*")
     job_id = page.url.rsplit("/", 1)[1]
 
     page.locator("#job-head .badge[data-status=succeeded]").wait_for(timeout=400_000)
+    # The time spent tuning, against the job's time budget, and what is left of it.
+    assert "of 10 min 00 s" in page.locator("#tuning-time").inner_text()
+    assert "time left" in page.locator("#tuning-remaining").inner_text()
 
     # The curve: one point per measured trial once every task has a measurement, drawn by uPlot.
     curve = httpx.get(f"{url}/api/v1/jobs/{job_id}/curve").json()

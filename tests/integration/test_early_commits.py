@@ -62,7 +62,6 @@ class _Watcher:
 def test_first_batch_is_committed_before_the_second_task_is_searched(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = settings.model_copy(update={"latency_rounds": 1})  # the timing is not what this checks
     store = Store.from_settings(settings)
     store.ensure_schema()
     runner: dict[str, _CountingRunner] = {}
