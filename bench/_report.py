@@ -137,6 +137,18 @@ def manifest_line(label: str, manifest: dict[str, Any]) -> str:
     )
 
 
+def start_run(script: str) -> tuple[str, Path, dict[str, Any]]:
+    """Begin a benchmark run: print the command, the machine (with its fp32 peak) and the load; return the
+    run's stamp, its work directory ``bench/work/<script>-<stamp>`` and :func:`machine`."""
+    run_stamp = stamp()
+    mach = machine()
+    print(f"command: {command_line()}")
+    print(f"machine: {mach['cpu']}, {mach['physical_cores']} physical cores, ISA {' '.join(mach['isa'])}")
+    print(f"fp32 peak: {mach['peak_how']}")
+    print(load_line())
+    return run_stamp, WORK / f"{script}-{run_stamp}", mach
+
+
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     """A markdown table."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]

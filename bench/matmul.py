@@ -22,14 +22,12 @@ import onnx
 from _kiln import tune
 from _report import (
     OPENBLAS_VARS,
-    WORK,
     command_line,
     fmt,
     load_line,
-    machine,
     manifest_line,
     openblas_line,
-    stamp,
+    start_run,
     table,
     write_json,
 )
@@ -177,13 +175,7 @@ def main() -> None:
     reps = Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3, rounds=1) if args.quick else Reps()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
-    run_stamp = stamp()
-    work = WORK / f"matmul-{run_stamp}"
-    mach = machine()
-    print(f"command: {command_line()}")
-    print(f"machine: {mach['cpu']}, ISA {' '.join(mach['isa'])}")
-    print(f"fp32 peak: {mach['peak_how']}")
-    print(load_line())
+    run_stamp, work, mach = start_run("matmul")
     print(
         f"timing: median of {reps.calls} calls after {reps.warmup} warmups, each implementation in its own process"
     )

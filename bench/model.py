@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 from _kiln import tune
-from _report import WORK, command_line, fmt, load_line, machine, manifest_line, stamp, table, write_json
+from _report import command_line, fmt, load_line, manifest_line, start_run, table, write_json
 from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -155,12 +155,7 @@ def main() -> None:
     if missing:
         parser.error(f"no examples/{missing[0]}.onnx")
 
-    run_stamp = stamp()
-    work = WORK / f"model-{run_stamp}"
-    mach = machine()
-    print(f"command: {command_line()}")
-    print(f"machine: {mach['cpu']}, {mach['physical_cores']} physical cores, ISA {' '.join(mach['isa'])}")
-    print(load_line())
+    run_stamp, work, mach = start_run("model")
     print(
         f"timing: median of {reps.calls} calls after {reps.warmup} warmups, each implementation in its own process"
     )

@@ -27,7 +27,7 @@ from typing import Any
 
 from _full_models import MODELS, export
 from _kiln import tune
-from _report import WORK, command_line, fmt, load_line, machine, manifest_line, stamp, table, write_json
+from _report import command_line, fmt, load_line, manifest_line, start_run, table, write_json
 from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
 
 from cli.durations import format_duration, parse_duration
@@ -219,12 +219,7 @@ def main() -> None:
     # Kiln's job times its own side-by-side figures too; here the benchmark's rounds are the ones reported.
     os.environ.setdefault("KILN_LATENCY_ROUNDS", "1")
 
-    run_stamp = stamp()
-    work = WORK / f"models-{run_stamp}"
-    mach = machine()
-    print(f"command: {command_line()}")
-    print(f"machine: {mach['cpu']}, {mach['physical_cores']} physical cores, ISA {' '.join(mach['isa'])}")
-    print(load_line())
+    run_stamp, work, mach = start_run("models")
     print(f"Kiln: tuned cold with a {format_duration(time_s)} budget per model (no trial limit)")
     print(f"timing: {reps.rounds} interleaved rounds, each implementation in a fresh process per round")
 
