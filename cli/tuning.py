@@ -23,7 +23,7 @@ from cli.render import (
     print_tuning_time,
     task_table,
 )
-from tuner.entities import DEFAULT_TRIALS, Job, JobSpec, ModelInfo, RunnerSpec
+from tuner.entities import DEFAULT_TRIALS, Job, JobSpec, ModelInfo, RunnerSpec, trial_budget
 from tuner.errors import InvalidSpec, KilnError
 
 if TYPE_CHECKING:
@@ -184,11 +184,12 @@ def _job_spec(
     """The job the tune and submit options ask for, on a model not yet stored."""
     from tuner.frontend import parse_input_shapes
 
+    time_budget_s = None if time is None else parse_duration(time)
     return JobSpec(
         model_id="",
         target=target,  # type: ignore[arg-type]  # resolved by _queue
-        trials=DEFAULT_TRIALS if trials is None and time is None else trials,
-        time_budget_s=None if time is None else parse_duration(time),
+        trials=trial_budget(trials, time_budget_s),
+        time_budget_s=time_budget_s,
         max_trials_per_task=per_task,
         seed=seed,
         input_shapes=parse_input_shapes(input_shape or []),

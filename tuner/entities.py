@@ -16,6 +16,12 @@ Dim = int | str  # a concrete size, or the name of a dynamic dimension
 DEFAULT_TRIALS = 64  # a job's trial budget when it gives neither trials nor a time budget
 
 
+def trial_budget(trials: int | None, time_budget_s: float | None) -> int | None:
+    """The trials of a job asked for with ``trials`` and ``time_budget_s``: as given; DEFAULT_TRIALS when
+    neither is given; no limit (None) with a time budget alone."""
+    return DEFAULT_TRIALS if trials is None and time_budget_s is None else trials
+
+
 class ModelFormat(str, enum.Enum):
     """File formats Kiln imports."""
 

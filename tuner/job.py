@@ -187,13 +187,10 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     # A resumed job spends what its earlier attempts left of the trials and of the time.
     trials_left = None if spec.trials is None else max(0, spec.trials - recorder.trials_done)
     budget = Budget(trials_left, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
-    time_left = None if spec.time_budget_s is None else spec.time_budget_s - job.tuning_s
-    tunes = trials_left != 0 and (time_left is None or time_left > 0)
-
-    if tunes:
-        check_runner(spec.runner, settings.rpc_timeout_s)
     with recorder.tuning(spec.time_budget_s, job.tuning_s) as clock:
-        if tunes:
+        time_left = clock.remaining_s()
+        if trials_left != 0 and (time_left is None or time_left > 0):
+            check_runner(spec.runner, settings.rpc_timeout_s)
             tune_tasks(
                 plan.tasks,
                 target,

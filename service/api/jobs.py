@@ -31,7 +31,7 @@ from service.schemas import (
 )
 from tuner import inspection
 from tuner.artifact import records_tarball
-from tuner.entities import DEFAULT_TRIALS, Job, JobSpec, JobStatus, ModelPlan, RunnerSpec, Task
+from tuner.entities import Job, JobSpec, JobStatus, ModelPlan, RunnerSpec, Task, trial_budget
 from tuner.errors import Conflict, NotFound
 from tuner.inspection import best_schedule, plan_model, task_tir
 from tuner.job import submit_job
@@ -64,7 +64,7 @@ def create_job(body: JobIn, state: StateDep, owner: OwnerDep) -> JobOut:
     spec = JobSpec(
         model_id=body.model_id,
         target=body.target,  # type: ignore[arg-type]  # resolved and validated by submit_job
-        trials=DEFAULT_TRIALS if body.trials is None and body.time_budget_s is None else body.trials,
+        trials=trial_budget(body.trials, body.time_budget_s),
         time_budget_s=None if body.time_budget_s is None else float(body.time_budget_s),
         max_trials_per_task=body.max_trials_per_task,
         seed=body.seed,
