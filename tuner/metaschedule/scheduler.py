@@ -40,7 +40,6 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         alpha: float = 0.2,
         window_size: int = 3,
         seed: int = 0,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.should_stop = should_stop
@@ -48,7 +47,6 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         self.alpha = alpha
         self.window_size = window_size
         self.rng = random.Random(seed)
-        self.clock = clock
         self.round_robin_done = 0
         self.best_history: dict[int, list[float]] = {}
         self.batch_s: list[float] = []  # how long each batch took (search + build + measure)
@@ -74,7 +72,7 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
             task_id = self._steepest(alive, [float(tasks[i].task_weight) for i in alive])
             if tasks[task_id].runner_futures is not None:
                 self._join(scheduler, task_id)
-        self.picked_at = self.clock()
+        self.picked_at = time.monotonic()
         return task_id
 
     def _steepest(self, alive: list[int], weights: list[float]) -> int:
@@ -113,7 +111,7 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
 
     def _time_last_batch(self) -> None:
         if self.picked_at is not None:
-            self.batch_s.append(self.clock() - self.picked_at)
+            self.batch_s.append(time.monotonic() - self.picked_at)
             self.picked_at = None
 
     def _must_stop(self) -> bool:
