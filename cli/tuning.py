@@ -45,7 +45,14 @@ TimeOpt = Annotated[
     ),
 ]
 TargetOpt = Annotated[str, typer.Option("--target", help="'host' (this CPU) or a TVM target as JSON")]
-PerTaskOpt = Annotated[int | None, typer.Option("--per-task", help="At most this many trials per task")]
+PerTaskOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--per-task",
+        help="At most this many searched trials per task (a task that a default schedule serves "
+        "measures that schedule once more, before the search)",
+    ),
+]
 SeedOpt = Annotated[int, typer.Option(help="Search seed")]
 CostModelOpt = Annotated[str, typer.Option(help="xgb or random")]
 NameOpt = Annotated[str | None, typer.Option(help="Model name (default: file name)")]
@@ -131,7 +138,11 @@ def tasks(
     imported = load_model(model, parse_input_shapes(input_shape or []))
     settings = current_settings()
     plan = plan_graph(
-        imported.mod, to_tvm_target(resolve_target(target)), settings.weight_prepack, settings.cpu_conv_layout
+        imported.mod,
+        to_tvm_target(resolve_target(target)),
+        settings.weight_prepack,
+        settings.cpu_conv_layout,
+        settings.fast_math,
     )
     table = Table(title=f"{model.name}: tuning tasks")
     for col in ("#", "task", "weight", "MFLOP", "workload hash"):

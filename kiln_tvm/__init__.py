@@ -33,7 +33,9 @@ import tvm.s_tir  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm import relax, s_tir  # noqa: E402
 from tvm.ir.utils import derived_object  # noqa: E402
+from tvm.s_tir import dlight  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
+from tvm.s_tir.dlight.analysis import normalize_prim_func  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 #: The root of MetaSchedule's loggers (its modules log under their own module names).
@@ -55,6 +57,12 @@ def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu")) -
     sys.modules[_TENSOR_INTRIN] = stub
     for name in keep:
         importlib.import_module(f"{_TENSOR_INTRIN}.{name}")
+
+
+def runner_device_type(target: Target) -> str:
+    """The device name MetaSchedule's runners take for ``target`` ("cpu" for llvm, "cuda"...), as its task
+    scheduler derives it (``DLDeviceType2Str`` of the target's device type)."""
+    return str(tvm.runtime.Device._DEVICE_TYPE_TO_NAME[target.get_target_device_type()])
 
 
 def structural_hash(obj: object) -> str:
@@ -86,12 +94,15 @@ __all__ = [
     "serialize_build_params",
     "build_candidate",
     "derived_object",
+    "dlight",
     "estimate_flops",
     "ms",
     "physical_core_count",
     "register_cpu_tensor_intrinsics",
     "relax",
     "rpc_base",
+    "normalize_prim_func",
+    "runner_device_type",
     "s_tir",
     "structural_equal",
     "structural_hash",

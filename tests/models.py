@@ -64,6 +64,42 @@ def build_mlp(batch: Batch = 1, seed: int = 0) -> onnx.ModelProto:
     return _model(graph)
 
 
+def build_attention_scores(seq: int = 64, hidden: int = 32, seed: int = 0) -> onnx.ModelProto:
+    """Attention-style block: ``x`` [1, seq, hidden] -> layer norm -> scores x.xT / sqrt(hidden) -> Softmax
+    (last axis) -> scores @ x -> GELU (erf form) -> output ``y`` [1, seq, hidden]. Two reductions (layer
+    norm, softmax) between matmuls, and the transcendental functions fast math replaces (exp, erf)."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        numpy_helper.from_array((1.0 + _small(rng, (hidden,))).astype(np.float32), "ln.weight"),
+        numpy_helper.from_array(_small(rng, (hidden,)), "ln.bias"),
+        numpy_helper.from_array(np.array(1.0 / np.sqrt(hidden), dtype=np.float32), "scale"),
+        numpy_helper.from_array(np.array(1.0 / np.sqrt(2.0), dtype=np.float32), "inv_sqrt2"),
+        numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one"),
+        numpy_helper.from_array(np.array(0.5, dtype=np.float32), "half"),
+    ]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "ln.weight", "ln.bias"], ["h"], axis=-1, epsilon=1e-5),
+        helper.make_node("Transpose", ["h"], ["hT"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["h", "hT"], ["raw"]),
+        helper.make_node("Mul", ["raw", "scale"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "h"], ["m"]),
+        helper.make_node("Mul", ["m", "inv_sqrt2"], ["m_scaled"]),
+        helper.make_node("Erf", ["m_scaled"], ["erf"]),
+        helper.make_node("Add", ["erf", "one"], ["erf1"]),
+        helper.make_node("Mul", ["m", "erf1"], ["gelu2"]),
+        helper.make_node("Mul", ["gelu2", "half"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention_scores",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])],
+        inits,
+    )
+    return _model(graph)
+
+
 def build_small_cnn(batch: Batch = 1, seed: int = 0, image_size: int = 32) -> onnx.ModelProto:
     """Small CNN on input ``x`` [batch, 3, H, W] with H = W = ``image_size``.
 

@@ -56,6 +56,7 @@ def plan_model(
         "shapes": shapes,
         "weight_prepack": settings.weight_prepack,
         "conv_layout": settings.cpu_conv_layout,
+        "fast_math": settings.fast_math,
         "memory_mb": settings.import_memory_mb,
         "kiln": tuner.__version__,
     }
@@ -117,6 +118,7 @@ def _plan_in_sandbox(
         "target": target,
         "weight_prepack": settings.weight_prepack,
         "conv_layout": settings.cpu_conv_layout,
+        "fast_math": settings.fast_math,
         "max_unpacked_mb": settings.max_unpacked_mb,
     }
     try:

@@ -99,6 +99,7 @@ def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
         builder_workers=settings.builder_workers,
         trials_per_iter=settings.num_trials_per_iter,
         population_size=settings.search_population,
+        default_schedules=settings.default_schedules,
         cost_model=spec.cost_model,
         runner=spec.runner,
     )
@@ -176,7 +177,9 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
                 max_unpacked_bytes=settings.max_unpacked_mb << 20,
             )
             recorder.stage("extracting tasks")
-            plan = plan_graph(imported.mod, target, settings.weight_prepack, settings.cpu_conv_layout)
+            plan = plan_graph(
+                imported.mod, target, settings.weight_prepack, settings.cpu_conv_layout, settings.fast_math
+            )
     except Exception as exc:
         if is_out_of_memory(exc):
             raise SandboxLimits.from_settings(settings).too_much_memory() from None

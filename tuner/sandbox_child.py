@@ -64,6 +64,7 @@ def op_plan(
     weight_prepack: bool,
     conv_layout: str,
     max_unpacked_mb: int,
+    fast_math: bool = True,
 ) -> dict[str, Any]:
     """Import a stored model and run Kiln's graph passes for ``target``: its tasks, fusion and graph."""
     from tuner.frontend import load_model
@@ -71,7 +72,7 @@ def op_plan(
     from tuner.tasks import plan_graph
 
     imported = load_model(Path(path), _shapes(input_shapes), max_unpacked_bytes=max_unpacked_mb << 20)
-    plan = plan_graph(imported.mod, to_tvm_target(target), weight_prepack, conv_layout)  # type: ignore[arg-type]
+    plan = plan_graph(imported.mod, to_tvm_target(target), weight_prepack, conv_layout, fast_math)  # type: ignore[arg-type]
     return {
         "tasks": [dataclasses.asdict(info) for info in plan.infos],
         "fusion": dataclasses.asdict(plan.fusion),

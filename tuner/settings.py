@@ -19,19 +19,33 @@ class Settings(BaseSettings):
         default=None, description="SQLAlchemy URL; default: SQLite file kiln.db in data_dir"
     )
     num_trials_per_iter: int = Field(default=16, ge=1, description="Candidates measured per search round")
-    measure_number: int = Field(default=3, ge=1, description="Runs per measurement repeat")
-    measure_repeat: int = Field(default=1, ge=1, description="Measurement repeats per candidate")
-    measure_min_repeat_ms: int = Field(default=50, ge=0, description="Minimum time of one repeat")
+    measure_number: int = Field(default=1, ge=1, description="Least runs per measurement repeat")
+    measure_repeat: int = Field(default=3, ge=1, description="Measurement repeats per candidate")
+    measure_min_repeat_ms: int = Field(
+        default=10, ge=0, description="Time of one repeat (runs per repeat calibrated to fill it)"
+    )
     latency_rounds: int = Field(
         default=3, ge=1, le=20, description="Interleaved rounds of the end-to-end side-by-side timing"
     )
-    search_population: int = Field(default=256, ge=16, description="Evolutionary search population per round")
+    search_population: int | None = Field(
+        default=None,
+        ge=16,
+        description="Evolutionary search population per round; default: 4 per candidate measured (min 32)",
+    )
+    default_schedules: bool = Field(
+        default=True,
+        description="Measure rule-based schedules (softmax, layer norm, GEMV) before the search",
+    )
     builder_workers: int | None = Field(default=None, description="Parallel builds; default: physical cores")
     weight_prepack: bool = Field(
         default=True, description="CPU: let tuned kernels choose the weights' layout"
     )
     cpu_conv_layout: Literal["NHWC", "NCHW"] = Field(
         default="NHWC", description="CPU: layout convolutions are converted to before tuning"
+    )
+    fast_math: bool = Field(
+        default=True,
+        description="CPU: exp, erf, tanh and softmax use TVM's vectorisable approximations",
     )
     verify_rtol: float = Field(default=1e-3, gt=0, description="Relative tolerance of artifact checks")
     verify_atol: float = Field(default=1e-4, gt=0, description="Absolute tolerance of artifact checks")

@@ -30,13 +30,17 @@ class GraphPlan:
 CONV_LAYOUTS = {"NHWC": {"relax.nn.conv2d": ["NHWC", "OHWI"]}}
 
 
-def inference_passes(conv_layout: str | None = None) -> tvm.transform.Pass:
+def inference_passes(conv_layout: str | None = None, fast_math: bool = False) -> tvm.transform.Pass:
     """Inference simplifications run before legalization.
 
     Convolutions can be converted to ``conv_layout`` (NHWC on CPU: channels innermost, so kernels
     vectorize over output channels and write contiguously; transposes appear only at the graph's
     edges). Batch-norm is decomposed so that it fuses into the preceding convolution's epilogue;
     constant folding and common-subexpression elimination shrink the graph before fusion.
+
+    With ``fast_math``, ``exp``, ``erf``, ``tanh`` and softmax use TVM's polynomial approximations
+    (``topi.fast_exp``...): LLVM lowers the exact ones to a scalar libm call per element (an erf costs
+    ~6 ns an element here, 45x its approximation), which no schedule can vectorise.
     """
     # NCHW (or None) keeps the layout ONNX and PyTorch models come in.
     layout = [relax.transform.ConvertLayout(CONV_LAYOUTS[conv_layout])] if conv_layout in CONV_LAYOUTS else []
@@ -46,6 +50,7 @@ def inference_passes(conv_layout: str | None = None) -> tvm.transform.Pass:
             elementwise_as_operators(),
             *layout,
             relax.transform.DecomposeOpsForInference(),
+            *([relax.transform.FastMathTransform()] if fast_math else []),
             relax.transform.CanonicalizeBindings(),
             relax.transform.EliminateCommonSubexpr(),
             relax.transform.FoldConstant(),
@@ -100,18 +105,23 @@ def describe_task(task: Any) -> TaskInfo:
 
 
 def plan_graph(
-    mod: tvm.IRModule, target: Target, weight_prepack: bool = True, cpu_conv_layout: str | None = "NHWC"
+    mod: tvm.IRModule,
+    target: Target,
+    weight_prepack: bool = True,
+    cpu_conv_layout: str | None = "NHWC",
+    fast_math: bool = True,
 ) -> GraphPlan:
     """Run Kiln's graph passes on an imported model and extract its tuning tasks.
 
     On CPU targets, ``weight_prepack`` lets tuned kernels pick their weights' layout, applied once at
     compile time (it makes the search about twice as slow per trial), and convolutions are converted
-    to ``cpu_conv_layout`` ("NCHW" or None keeps the model's layout).
+    to ``cpu_conv_layout`` ("NCHW" or None keeps the model's layout); ``fast_math`` (CPU) approximates
+    exp, erf, tanh and softmax (see :func:`inference_passes`).
     """
     cpu = is_cpu_target(target)
     prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
-    prepared = inference_passes(cpu_conv_layout if cpu else None)(mod)
+    prepared = inference_passes(cpu_conv_layout if cpu else None, fast_math and cpu)(mod)
     lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]

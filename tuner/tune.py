@@ -21,8 +21,9 @@ from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
 from tuner.metaschedule.callback import BatchListener, ProgressCallback
+from tuner.metaschedule.defaults import measure_default_schedules
 from tuner.metaschedule.rpc_runner import make_rpc_runner
-from tuner.metaschedule.runner import ExclusiveRunner
+from tuner.metaschedule.runner import ExclusiveRunner, alloc_measure_arguments, run_calibrated_evaluator
 from tuner.metaschedule.scheduler import KilnTaskScheduler, StopCheck, TimeLeft
 
 log = logging.getLogger(__name__)
@@ -63,14 +64,44 @@ class Budget:
 class MeasureConfig:
     """How candidates are built and measured."""
 
-    number: int = 3
-    repeat: int = 1
-    min_repeat_ms: int = 50
+    number: int = 1  # the least runs per repeat (calibrated up to fill min_repeat_ms)
+    repeat: int = 3
+    min_repeat_ms: int = 10
+    calibrate: bool = True  # runs per repeat from a short calibration (run_calibrated_evaluator)
     builder_workers: int | None = None
     trials_per_iter: int = 16
-    population_size: int = 256
+    population_size: int | None = None  # None: sized to the round (see population_for)
     cost_model: str = "xgb"
+    default_schedules: bool = True  # measure rule-based schedules (schedules.defaults) before the search
     runner: RunnerSpec = field(default_factory=RunnerSpec)
+
+
+# The evolutionary search's population per candidate a round measures, and its floor.
+POPULATION_PER_CANDIDATE = 4
+MIN_POPULATION = 32
+
+
+def population_for(per_iter: int, configured: int | None = None) -> int:
+    """The evolutionary search's population for rounds of ``per_iter`` candidates.
+
+    A round samples, mutates and scores its whole population (``genetic_num_iters`` times), whatever the
+    number of candidates it then measures: the search's cost per trial is population / round size.
+    MetaSchedule's default (512 for rounds of 64) spends 8 scored schedules per trial; Kiln's rounds are
+    smaller (16: the cost model learns after every batch), so a fixed population would cost more per trial
+    the smaller the round. Four per candidate keeps the search at half of stock's cost per trial.
+    """
+    if configured is not None:
+        return configured
+    return max(MIN_POPULATION, POPULATION_PER_CANDIDATE * per_iter)
+
+
+def make_search(population: int) -> Any:
+    """Evolutionary search with ``population``; a quarter of it at least must be fresh random samples
+    (MetaSchedule's fixed minimum of 50 would end the search of a small population at its first failed
+    sample)."""
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=max(1, population // 4)
+    )
 
 
 def _evaluator(config: MeasureConfig) -> Any:
@@ -89,7 +120,10 @@ def make_runner(config: MeasureConfig) -> Any:
         # rather than possibly hanging in TVM's handler until the runner's timeout.
         return ExclusiveRunner(
             ms.runner.LocalRunner(
-                evaluator_config=_evaluator(config), initializer=report_fatal_signals_on_stderr
+                evaluator_config=_evaluator(config),
+                initializer=report_fatal_signals_on_stderr,
+                f_alloc_argument=alloc_measure_arguments,
+                f_run_evaluator=run_calibrated_evaluator if config.calibrate else None,
             )
         )
     return make_rpc_runner(config.runner, _evaluator(config))
@@ -135,16 +169,17 @@ def tune_tasks(
     on_batch: BatchListener | None = None,
     should_stop: StopCheck | None = None,
     time_left_s: TimeLeft | None = None,
-) -> None:
+) -> dict[str, float]:
     """Tune extracted tasks with evolutionary search; every measured candidate lands in ``database`` as
     soon as its batch is measured.
 
     ``tasks`` are MetaSchedule ``ExtractedTask``s in the order the caller indexes them; ``on_batch``
     receives that index. The search ends when the trials are spent, when ``should_stop()`` says so
     (checked before each batch), or before a batch that would not fit in ``time_left_s()`` seconds.
+    Returns where the time went: seconds per phase of MetaSchedule's profiler (search, build, run...).
     """
     if budget.trials == 0 or not tasks:
-        return
+        return {}
     register_cpu_tensor_intrinsics()
     cores = physical_core_count()
     if target.kind.name == "llvm":
@@ -152,12 +187,14 @@ def tune_tasks(
     work_dir.mkdir(parents=True, exist_ok=True)
     loggers = _task_loggers(work_dir, [str(t.task_name) for t in tasks])
     seeds = ms.utils.fork_seed(budget.seed, n=len(tasks))
+    per_iter = trials_per_iter(budget, len(tasks), config.trials_per_iter)
+    population = population_for(per_iter, config.population_size)
     contexts = [
         ms.TuneContext(
             mod=task.dispatched[0],
             target=target,
             space_generator=space_for(target),
-            search_strategy=ms.search_strategy.EvolutionarySearch(population_size=config.population_size),
+            search_strategy=make_search(population),
             task_name=str(task.task_name),
             logger=logger,
             rand_state=seed,
@@ -165,7 +202,6 @@ def tune_tasks(
         ).clone()
         for task, logger, seed in zip(tasks, loggers, seeds, strict=True)
     ]
-    per_iter = trials_per_iter(budget, len(tasks), config.trials_per_iter)
     builder = PooledBuilder(max_workers=config.builder_workers or cores, timeout_sec=60.0)
     callbacks = [
         ms.measure_callback.AddToDatabase(),
@@ -174,43 +210,60 @@ def tune_tasks(
         ProgressCallback(on_batch),
     ]
     log.info(
-        "tuning %d tasks: %s trials, %s s (per task cap %s, %d per round) on %s",
+        "tuning %d tasks: %s trials, %s s (per task cap %s, %d per round, population %d) on %s",
         len(tasks),
         budget.trials,
         budget.time_s,
         budget.max_trials_per_task,
         per_iter,
+        population,
         target,
     )
+    runner = make_runner(config)
     profiler = ms.Profiler()
     try:
         with profiler:
+            default_ms, spent = {}, 0
+            if config.default_schedules:
+                with ms.Profiler.timeit("Kiln/DefaultSchedules"):
+                    default_ms, spent = measure_default_schedules(
+                        tasks, target, database, builder, runner, on_batch, limit=budget.trials
+                    )
+            if budget.trials is not None and spent >= budget.trials:
+                return _profile(profiler)
             ms.tune_tasks(
                 tasks=contexts,
                 task_weights=[float(t.weight) for t in tasks],
                 work_dir=str(work_dir),
-                max_trials_global=_max_trials_global(budget, per_iter),
+                max_trials_global=_max_trials_global(budget, per_iter, spent),
                 max_trials_per_task=budget.max_trials_per_task,
                 num_trials_per_iter=per_iter,
                 builder=builder,
-                runner=make_runner(config),
+                runner=runner,
                 database=database,
                 cost_model=make_cost_model(config.cost_model, cores),
                 measure_callbacks=callbacks,
-                task_scheduler=KilnTaskScheduler(should_stop, time_left_s, seed=budget.seed),
+                task_scheduler=KilnTaskScheduler(
+                    should_stop, time_left_s, seed=budget.seed, default_ms=default_ms
+                ),
             )
     finally:
         builder.shutdown()
         # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
         (work_dir / "profile.txt").write_text(str(profiler.table()))
+    return _profile(profiler)
 
 
-def _max_trials_global(budget: Budget, per_iter: int) -> int:
+def _profile(profiler: Any) -> dict[str, float]:
+    return {str(name): float(seconds) for name, seconds in profiler.get().items()}
+
+
+def _max_trials_global(budget: Budget, per_iter: int, spent: int = 0) -> int:
     if budget.trials is None:
         return UNLIMITED_TRIALS
     # MetaSchedule starts a round while fewer than this many trials are done, and a round adds at most
-    # ``per_iter``: so the total never exceeds the user's budget.
-    return max(1, budget.trials - per_iter + 1)
+    # ``per_iter``: so the total never exceeds the user's budget (less the ``spent`` default schedules).
+    return max(1, budget.trials - spent - per_iter + 1)
 
 
 def _task_loggers(work_dir: Path, task_names: list[str]) -> list[logging.Logger]:

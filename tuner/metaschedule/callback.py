@@ -23,7 +23,8 @@ class TrialBatch:
 BatchListener = Callable[[TrialBatch], None]
 
 
-def _latency_us(result: Any) -> tuple[float | None, str | None]:
+def latency_us(result: Any) -> tuple[float | None, str | None]:
+    """A runner result's mean latency (µs), or None and why not."""
     if result.error_msg:
         return None, str(result.error_msg).strip().splitlines()[-1][:500]
     secs = [float(s) for s in result.run_secs or []]
@@ -55,7 +56,7 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
                 latencies.append(None)
                 errors.append("build failed: " + str(built.error_msg).strip().splitlines()[-1][:500])
                 continue
-            lat, err = _latency_us(ran)
+            lat, err = latency_us(ran)
             latencies.append(lat)
             errors.append(err)
         if self.on_batch is not None:

@@ -9,6 +9,9 @@ so nothing is gained by waiting: this scheduler joins every finished batch befor
 The choice itself is the same as MetaSchedule's (``src/s_tir/meta_schedule/task_scheduler/gradient_based.cc``):
 round robin until every task has been measured once, then the task with the largest weighted gradient
 of its best latency.
+
+A task whose default schedule (measured before the search, :mod:`tuner.metaschedule.defaults`) is at
+least as fast as the best of its first searched batch is not searched further: the rule serves it.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         alpha: float = 0.2,
         window_size: int = 3,
         seed: int = 0,
+        default_ms: dict[int, float] | None = None,
     ) -> None:
         super().__init__()
+        self.default_ms = dict(default_ms or {})
         self.should_stop = should_stop
         self.time_left_s = time_left_s
         self.alpha = alpha
@@ -105,7 +110,10 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         results = scheduler.join_running_task(task_id)
         batch_best = min((_latency_ms(r) for r in results), default=FAILED_MS)
         history = self.best_history.setdefault(task_id, [])
-        history.append(min(batch_best, history[-1]) if history else batch_best)
+        default = self.default_ms.get(task_id, FAILED_MS)
+        history.append(min(batch_best, history[-1] if history else default))
+        if len(history) == 1 and default < FAILED_MS and batch_best >= default:
+            scheduler.terminate_task(task_id)
 
     # -- stopping -----------------------------------------------------------------------------------------
 

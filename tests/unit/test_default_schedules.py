@@ -1,0 +1,84 @@
+"""Default schedules: the rules that serve softmax and layer norm apply to them, and compute what the
+unscheduled kernel computes. Fast math: exp and erf become their approximations, outputs unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from kiln_tvm import ms, s_tir, structural_equal, tvm
+from schedules.defaults import default_schedule
+from tests.artifacts import onnxruntime_output
+from tests.models import build_attention_scores
+from tuner.compile import LoadedModel, build_untuned
+from tuner.frontend import load_model
+from tuner.targets import host_target, to_tvm_target
+from tuner.tasks import GraphPlan, plan_graph
+
+TARGET = to_tvm_target(host_target())
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> GraphPlan:
+    path: Path = tmp_path_factory.mktemp("attention") / "attention.onnx"
+    onnx.save(build_attention_scores(), path)
+    return plan_graph(load_model(path).mod, TARGET)
+
+
+def _task(plan: GraphPlan, word: str) -> tvm.IRModule:
+    (mod,) = [t.dispatched[0] for t in plan.tasks if word in str(t.task_name)]
+    return mod
+
+
+def _run(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = [
+        rng.standard_normal([int(d) for d in info.shape]).astype(str(info.dtype))
+        for info in ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    ]
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    tvm.compile(mod, target=TARGET)(*args)
+    return [a.numpy() for a in args]
+
+
+@pytest.mark.parametrize("word", ["softmax", "layer_norm"])
+def test_reductions_get_a_default_schedule_that_computes_the_same(plan: GraphPlan, word: str) -> None:
+    mod = _task(plan, word)
+    sch = default_schedule(mod, TARGET)
+    assert sch is not None, f"no rule for {word}"
+    # The trace replays on the task's own module: what the database stores and compile applies.
+    assert len(sch.trace.insts) > 0
+    replayed = s_tir.Schedule(mod)
+    sch.trace.apply_to_schedule(replayed, remove_postproc=False)
+    assert structural_equal(replayed.mod, sch.mod)
+    # The output (last buffer) matches the unscheduled kernel's.
+    expected, got = _run(mod)[-1], _run(sch.mod)[-1]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert "parallel" in sch.mod.script()
+
+
+def test_matmuls_get_no_default_schedule(plan: GraphPlan) -> None:
+    matmuls = [t.dispatched[0] for t in plan.tasks if "matmul" in str(t.task_name)]
+    assert len(matmuls) == 2
+    assert all(default_schedule(mod, TARGET) is None for mod in matmuls)
+
+
+@pytest.mark.parametrize("fast_math", [True, False])
+def test_fast_math_replaces_exp_and_erf_and_keeps_the_outputs(tmp_path: Path, fast_math: bool) -> None:
+    path = tmp_path / "attention.onnx"
+    onnx.save(build_attention_scores(), path)
+    plan = plan_graph(load_model(path).mod, TARGET, fast_math=fast_math)
+    names = [str(t.task_name) for t in plan.tasks]
+    assert any("fast_softmax" in n for n in names) is fast_math, names
+    assert any("fast_erf" in n for n in names) is fast_math, names
+    assert any("erf" in n for n in names), names  # fused into the last matmul's epilogue either way
+    script = plan.lowered.script()
+    assert ("T.exp(" in script) is not fast_math and ("T.erf(" in script) is not fast_math
+
+    x = np.random.default_rng(0).standard_normal((1, 64, 32)).astype(np.float32) * 3
+    got = LoadedModel(build_untuned(plan.prepared, TARGET)).run([x])[0]
+    np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,85 @@
+"""Measures each task's default schedule (``schedules.defaults``) before the search and stores it as a record.
+
+A task a rule serves then starts the search with a good measured candidate: the compiled model uses it
+when nothing the search finds is faster, and the task scheduler stops searching a task whose first batch
+found nothing faster (see :class:`tuner.metaschedule.scheduler.KilnTaskScheduler`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kiln_tvm import Target, ms, runner_device_type
+from schedules.defaults import default_schedule
+from tuner.metaschedule.callback import BatchListener, TrialBatch, latency_us
+
+log = logging.getLogger(__name__)
+
+
+def measure_default_schedules(
+    tasks: list[Any],
+    target: Target,
+    database: Any,
+    builder: Any,
+    runner: Any,
+    on_batch: BatchListener | None = None,
+    limit: int | None = None,
+) -> tuple[dict[int, float], int]:
+    """Build, measure and store the default schedule of every task a rule serves (one batch for all), or
+    of the first ``limit`` such tasks.
+
+    Returns the measured latency (ms) by task index, and how many candidates were measured (each is a
+    trial of its task); a task whose default failed to build or run is left out of the latencies (and its
+    failure reported to ``on_batch`` like any failed candidate).
+    """
+    scheduled = []
+    for index, task in enumerate(tasks):
+        if limit is not None and len(scheduled) >= limit:
+            break
+        mod = task.dispatched[0]
+        sch = default_schedule(mod, target)
+        if sch is not None:
+            scheduled.append((index, mod, sch))
+    if not scheduled:
+        return {}, 0
+    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, _, sch in scheduled])
+    runnable = [(item, b) for item, b in zip(scheduled, built, strict=True) if b.error_msg is None]
+    ran = runner.run(
+        [
+            ms.runner.RunnerInput(b.artifact_path, runner_device_type(target), _args_info(sch))
+            for (_, _, sch), b in runnable
+        ]
+    )
+    results = {id(item): future.result() for (item, _), future in zip(runnable, ran, strict=True)}
+    latencies: dict[int, float] = {}
+    for item, b in zip(scheduled, built, strict=True):
+        index, mod, sch = item
+        if b.error_msg is not None:
+            lat, err = None, "build failed: " + str(b.error_msg).strip().splitlines()[-1][:500]
+        else:
+            result = results[id(item)]
+            lat, err = latency_us(result)
+            if lat is not None:
+                database.commit_tuning_record(
+                    ms.database.TuningRecord(
+                        trace=sch.trace,
+                        workload=database.commit_workload(mod),
+                        run_secs=[float(s) for s in result.run_secs],
+                        target=target,
+                        args_info=_args_info(sch),
+                    )
+                )
+                latencies[index] = lat / 1e3
+        if err is not None:
+            log.warning("default schedule of task %d (%s) failed: %s", index, tasks[index].task_name, err)
+        if on_batch is not None:
+            on_batch(TrialBatch(task_index=index, latencies_us=[lat], errors=[err]))
+    for b in built:
+        if b.artifact_path is not None:
+            ms.utils.remove_build_dir(b.artifact_path)
+    return latencies, len(scheduled)
+
+
+def _args_info(sch: Any) -> list[Any]:
+    return ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])
