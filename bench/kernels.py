@@ -92,8 +92,9 @@ def _child(artifact: Path, inputs_npz: Path, calls: int) -> dict[str, Any]:
 
 
 def _task_for(symbol: str, tasks: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The manifest task of a kernel symbol (the lowered function's name; a task's name may end in a digit
-    more, where MetaSchedule renamed it)."""
+    """The manifest task of a kernel symbol (the lowered function's name, ``_prepacked`` when its weights
+    were re-laid-out; a task's name may end in one digit more, where MetaSchedule renamed it)."""
+    symbol = symbol.removesuffix("_prepacked")
     if symbol in tasks:
         return tasks[symbol]
     for name, task in tasks.items():
