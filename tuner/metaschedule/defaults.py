@@ -44,21 +44,22 @@ def measure_default_schedules(
     if not scheduled:
         return {}, 0
     built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, _, sch in scheduled])
-    runnable = [(item, b) for item, b in zip(scheduled, built, strict=True) if b.error_msg is None]
-    ran = runner.run(
-        [
-            ms.runner.RunnerInput(b.artifact_path, runner_device_type(target), _args_info(sch))
-            for (_, _, sch), b in runnable
-        ]
+    device = runner_device_type(target)
+    futures = iter(
+        runner.run(
+            [
+                ms.runner.RunnerInput(b.artifact_path, device, _args_info(sch))
+                for (_, _, sch), b in zip(scheduled, built, strict=True)
+                if b.error_msg is None
+            ]
+        )
     )
-    results = {id(item): future.result() for (item, _), future in zip(runnable, ran, strict=True)}
     latencies: dict[int, float] = {}
-    for item, b in zip(scheduled, built, strict=True):
-        index, mod, sch = item
+    for (index, mod, sch), b in zip(scheduled, built, strict=True):
         if b.error_msg is not None:
             lat, err = None, "build failed: " + str(b.error_msg).strip().splitlines()[-1][:500]
         else:
-            result = results[id(item)]
+            result = next(futures).result()  # the futures are in the order of the built candidates
             lat, err = latency_us(result)
             if lat is not None:
                 database.commit_tuning_record(
