@@ -23,10 +23,19 @@ class TrialBatch:
 BatchListener = Callable[[TrialBatch], None]
 
 
+def _last_line(message: Any) -> str:
+    return str(message).strip().splitlines()[-1][:500]
+
+
+def build_failure(built: Any) -> str | None:
+    """Why a builder result failed (its message's last line), or None when it built."""
+    return "build failed: " + _last_line(built.error_msg) if built.error_msg else None
+
+
 def latency_us(result: Any) -> tuple[float | None, str | None]:
     """A runner result's mean latency (µs), or None and why not."""
     if result.error_msg:
-        return None, str(result.error_msg).strip().splitlines()[-1][:500]
+        return None, _last_line(result.error_msg)
     secs = [float(s) for s in result.run_secs or []]
     if not secs or min(secs) >= FAILED_RUN_SECS:
         return None, "no valid measurement"
@@ -52,9 +61,10 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
         latencies: list[float | None] = []
         errors: list[str | None] = []
         for built, ran in zip(builder_results, runner_results, strict=False):
-            if built.error_msg:
+            failure = build_failure(built)
+            if failure is not None:
                 latencies.append(None)
-                errors.append("build failed: " + str(built.error_msg).strip().splitlines()[-1][:500])
+                errors.append(failure)
                 continue
             lat, err = latency_us(ran)
             latencies.append(lat)

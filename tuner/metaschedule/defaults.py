@@ -12,7 +12,7 @@ from typing import Any
 
 from kiln_tvm import Target, ms, runner_device_type
 from schedules.defaults import default_schedule
-from tuner.metaschedule.callback import BatchListener, TrialBatch, latency_us
+from tuner.metaschedule.callback import BatchListener, TrialBatch, build_failure, latency_us
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,9 @@ def measure_default_schedules(
     )
     latencies: dict[int, float] = {}
     for (index, mod, sch), b in zip(scheduled, built, strict=True):
-        if b.error_msg is not None:
-            lat, err = None, "build failed: " + str(b.error_msg).strip().splitlines()[-1][:500]
+        failure = build_failure(b)
+        if failure is not None:
+            lat, err = None, failure
         else:
             result = next(futures).result()  # the futures are in the order of the built candidates
             lat, err = latency_us(result)
