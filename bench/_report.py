@@ -59,16 +59,22 @@ def _flop_per_cycle(info: dict[str, str]) -> tuple[int, str]:
 
 
 def machine() -> dict[str, Any]:
-    """CPU, cores, clock and the fp32 peak computed as cores x FLOP/cycle x GHz (with the reasoning)."""
+    """CPU, cores, ISA and the fp32 peak: measured with Kiln's FMA kernel (``kiln machine``), and the nominal
+    figure cores x FLOP/cycle x the clock /proc/cpuinfo reports, for comparison."""
+    from tuner.roofline import measure_limits
+    from tuner.targets import host_target
+
     info = _cpuinfo()
     cores = physical_cores()
     per_cycle, why = _flop_per_cycle(info)
     mhz = float(info.get("cpu MHz", "0") or 0)
-    peak = cores * per_cycle * mhz / 1e3
+    nominal = cores * per_cycle * mhz / 1e3
+    limits = measure_limits(host_target())
     how = (
-        f"{cores} physical cores (psutil) x {per_cycle} FLOP/cycle [{why}] x {mhz / 1e3:.3f} GHz "
-        f"[/proc/cpuinfo 'cpu MHz': the nominal clock the VM reports; boost is unknown, so a kernel "
-        f"can exceed 100%] = {peak:.1f} GFLOP/s"
+        f"{limits.peak_gflops:.1f} GFLOP/s measured on {limits.threads} threads "
+        f"({limits.peak_gflops_one_thread:.1f} on one; `kiln machine`: {limits.how}); nominal "
+        f"{cores} physical cores x {per_cycle} FLOP/cycle [{why}] x {mhz / 1e3:.3f} GHz "
+        f"[/proc/cpuinfo 'cpu MHz', which a VM or a boosting CPU exceeds] = {nominal:.1f} GFLOP/s"
     )
     return {
         "cpu": info.get("model name", platform.processor()),
@@ -79,7 +85,9 @@ def machine() -> dict[str, Any]:
         "physical_cores": cores,
         "cpu_mhz": mhz,
         "flop_per_cycle": per_cycle,
-        "peak_gflops": peak,
+        "peak_gflops": limits.peak_gflops,
+        "nominal_peak_gflops": nominal,
+        "bandwidth_gbs": limits.bandwidth_gbs,
         "peak_how": how,
         "python": platform.python_version(),
         "versions": versions(),
@@ -145,6 +153,7 @@ def start_run(script: str) -> tuple[str, Path, dict[str, Any]]:
     print(f"command: {command_line()}")
     print(f"machine: {mach['cpu']}, {mach['physical_cores']} physical cores, ISA {' '.join(mach['isa'])}")
     print(f"fp32 peak: {mach['peak_how']}")
+    print(f"memory bandwidth (STREAM triad): {mach['bandwidth_gbs']:.1f} GB/s")
     print(load_line())
     return run_stamp, WORK / f"{script}-{run_stamp}", mach
 

@@ -11,8 +11,9 @@ untuned TVM (plain ``tvm.compile``), onnxruntime (CPU EP), OpenVINO CPU with fp3
 with its default precision (bf16 on CPUs with AVX512-BF16 or AMX), and PyTorch eager (the module itself).
 Every output is checked against onnxruntime's; bf16 OpenVINO is reported, not failed.
 
-Per model it prints the latencies and ratios, the tuning time and trials, and Kiln's end-to-end latency
-against the sum over its tasks of weight x best measured kernel latency (where the rest of the time goes).
+Per model it prints the latencies and ratios, the tuning time and trials, Kiln's end-to-end latency
+against the sum over its tasks of weight x best measured kernel latency (where the rest of the time goes),
+and its GEMM-like kernels against the fp32 peak measured at the start (bench/kernel_peak.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from _full_models import MODELS, export
 from _kiln import tune
 from _report import command_line, fmt, load_line, manifest_line, start_run, table, write_json
 from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
+from kernel_peak import gemm_kernels
+from kernel_peak import report as peak_report
 
 from cli.durations import format_duration, parse_duration
 
@@ -92,6 +95,7 @@ def bench_model(name: str, time_s: float, reps: Reps, work: Path, seed: int) -> 
         "skipped": skipped,
         "max_abs_error_vs_onnxruntime": errors,
         "kernels": kernel_sum(kiln.manifest),
+        "gemm_kernels": gemm_kernels(work / name / "kiln", kiln.job_id),
         "kiln": {k: v for k, v in vars(kiln).items() if k != "inputs"},
     }
 
@@ -240,6 +244,9 @@ def main() -> None:
     print(
         "the sum of weight x best kernel latency measured while tuning (1.00: no time outside the kernels)."
     )
+    print()
+    print(f"GEMM-like kernels against the measured fp32 peak, {mach['peak_gflops']:.1f} GFLOP/s:")
+    print(peak_report({res["model"]: res["gemm_kernels"] for res in results}, mach["peak_gflops"]))
     payload = {
         "script": "models",
         "command": command_line(),

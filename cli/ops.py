@@ -1,4 +1,5 @@
-"""Operations commands: ``serve`` and ``worker``, ``db``, ``rpc`` (tracker, server, devices), ``token``."""
+"""Operations commands: ``serve`` and ``worker``, ``machine``, ``db``, ``rpc`` (tracker, server, devices),
+``token``."""
 
 from __future__ import annotations
 
@@ -101,6 +102,38 @@ def worker(
         runner.run_once()
     else:
         runner.run_forever()
+
+
+@app.command()
+def machine(
+    target: Annotated[
+        str, typer.Option("--target", help="'host' (this CPU) or a TVM CPU target as JSON")
+    ] = "host",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
+) -> None:
+    """Measure this machine's roofs: its fp32 FMA peak (one thread and all) and its memory bandwidth."""
+    from tuner.roofline import measure_limits
+    from tuner.targets import is_host_cpu, resolve_target
+
+    resolved = resolve_target(target)
+    if not is_host_cpu(resolved):
+        raise InvalidSpec(
+            f"target {target!r} does not run on this machine: its limits cannot be measured here"
+        )
+    limits = measure_limits(resolved)
+    if as_json:
+        print(json.dumps(limits.as_dict(), indent=2))
+        return
+    table = Table(title=f"Measured limits of this machine ({resolved.get('mcpu', 'llvm')})")
+    table.add_column("limit")
+    table.add_column("value", justify="right")
+    table.add_row(f"fp32 FMA peak, {limits.threads} thread(s)", f"{limits.peak_gflops:.1f} GFLOP/s")
+    table.add_row("fp32 FMA peak, 1 thread", f"{limits.peak_gflops_one_thread:.1f} GFLOP/s")
+    table.add_row(
+        f"memory bandwidth (STREAM triad), {limits.threads} thread(s)", f"{limits.bandwidth_gbs:.1f} GB/s"
+    )
+    console.print(table)
+    console.print(limits.how, highlight=False)
 
 
 @db_app.command("upgrade")

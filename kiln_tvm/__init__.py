@@ -36,6 +36,7 @@ from tvm.ir.utils import derived_object  # noqa: E402
 from tvm.s_tir import dlight  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.s_tir.dlight.analysis import normalize_prim_func  # noqa: E402
+from tvm.script import tirx as tir_script  # noqa: E402  TVMScript's TIR builder (``T``)
 from tvm.target import Target  # noqa: E402
 
 #: The root of MetaSchedule's loggers (its modules log under their own module names).
@@ -106,6 +107,7 @@ __all__ = [
     "s_tir",
     "structural_equal",
     "structural_hash",
+    "tir_script",
     "tuning_record_json",
     "tvm",
     "tvm_ffi",

@@ -12,43 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln_tvm import Target, dlight, normalize_prim_func, s_tir, tvm
-
-REDUCTION_ITER = 2  # tirx IterVar.CommReduce
+from kiln_tvm import Target, dlight, s_tir, tvm
+from schedules.anatomy import contraction_depth
 
 
 def _cpu_rules(func: Any) -> list[Any]:
     rules = [dlight.cpu.GEMV()]
-    if not _contracts_two_inputs(func):
+    # dlight's Reduction takes any reduction followed by an elementwise block, a matmul with an epilogue
+    # too, and schedules it row by row without tiling; a matmul is the search's to schedule.
+    if not contraction_depth(func):
         rules.insert(0, dlight.cpu.Reduction())
     return rules
-
-
-def _contracts_two_inputs(func: Any) -> bool:
-    """Whether a reduction block of ``func`` reduces over two inputs (a matmul's ``C += A * B``).
-
-    dlight's ``Reduction`` takes any reduction followed by an elementwise block, a matmul with an
-    epilogue too, and schedules it row by row without tiling; a matmul is the search's to schedule. An
-    input read at a point that does not move with the reduction (layer norm's mean, in its variance) is
-    a broadcast, not a second operand.
-    """
-    sch = s_tir.Schedule(func)
-    for info in normalize_prim_func(sch) or []:
-        if info.is_injective():
-            continue
-        block = sch.get(info.block_rv)
-        reduce_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == REDUCTION_ITER]
-        written = [w.source for w in block.writes]
-        operands: list[Any] = []
-        for read in block.reads:
-            if any(read.source.same_as(b) for b in written + operands):
-                continue
-            used = [v for rng in read.region for v in tvm.tirx.analysis.undefined_vars(rng.min)]
-            if any(u.same_as(r) for u in used for r in reduce_vars):
-                operands.append(read.source)
-        if len(operands) >= 2:
-            return True
-    return False
 
 
 def default_schedule(mod: tvm.IRModule, target: Target) -> s_tir.Schedule | None:

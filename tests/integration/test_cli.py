@@ -157,3 +157,17 @@ def test_submit_queues_a_job_for_the_workers_and_cancel_cancels_it(tmp_path: Pat
     # A worker with nothing to do exits at once with --once.
     idle = kiln("worker", "--once", data_dir=tmp_path, timeout=120)
     assert idle.returncode == 0, idle.stderr
+
+
+def test_machine_measures_the_roofs_of_this_cpu(tmp_path: Path) -> None:
+    done = kiln("machine", "--json", data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    limits = json.loads(done.stdout)
+    assert limits["peak_gflops"] > 0 and limits["bandwidth_gbs"] > 0
+    assert "STREAM triad" in limits["how"]
+
+
+def test_machine_refuses_a_cpu_it_does_not_run_on(tmp_path: Path) -> None:
+    done = kiln("machine", "--target", '{"kind": "cuda"}', data_dir=tmp_path)
+    assert done.returncode == 2
+    assert "does not run on this machine" in done.stderr

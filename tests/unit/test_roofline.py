@@ -1,0 +1,110 @@
+"""The machine's measured limits: the FMA kernel keeps its accumulators in registers and computes what it
+claims, the triad computes STREAM's triad, the cache size is read from sysfs, and the figures come back."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kiln_tvm import tvm
+from tuner.roofline import (
+    FMA_CHAINS,
+    fma_peak_kernel,
+    last_level_cache_bytes,
+    measure_bandwidth,
+    measure_limits,
+    triad_kernel,
+)
+from tuner.targets import fp32_vector_lanes, host_target, to_tvm_target
+
+TARGET = host_target()
+LANES = fp32_vector_lanes(TARGET)
+
+
+def _compile(func: tvm.tirx.PrimFunc, name: str) -> tvm.runtime.Module:
+    return tvm.compile(tvm.IRModule({name: func}), target=to_tvm_target(TARGET)).mod
+
+
+def test_vector_lanes_follow_the_cpu_features() -> None:
+    flags = Path("/proc/cpuinfo").read_text().split()
+    expected = 16 if "avx512f" in flags else 8 if "avx" in flags else 4
+    assert expected == LANES
+
+
+def test_fma_kernel_computes_its_chains() -> None:
+    threads, iterations, step = 2, 1000, 0.25
+    lib = _compile(fma_peak_kernel(LANES, FMA_CHAINS, threads), "fma_peak")
+    seed = np.array([1.0] * LANES + [step] * LANES, dtype="float32")
+    out = tvm.runtime.tensor(np.zeros((threads, LANES * FMA_CHAINS), dtype="float32"))
+    lib["fma_peak"](tvm.runtime.tensor(seed), out, iterations)
+    # acc <- acc * 1 + step, from acc = 1: exact in fp32 for these values.
+    np.testing.assert_array_equal(out.numpy(), np.full_like(out.numpy(), 1.0 + iterations * step))
+
+
+def test_fma_kernel_keeps_its_accumulators_in_registers() -> None:
+    lib = _compile(fma_peak_kernel(LANES, FMA_CHAINS, 2), "fma_peak")
+    ll = lib.inspect_source("ll")
+    assert "TVMBackendAllocWorkspace" not in ll  # the accumulators are a stack slot, not a heap buffer
+    asm = lib.inspect_source("s")
+    register = {16: "zmm", 8: "ymm", 4: "xmm"}[LANES]
+    loop = _hottest_loop(asm)
+    fmas = re.findall(rf"vfmadd\w+\s+[^\n]*%{register}", loop)
+    assert len(fmas) >= FMA_CHAINS, loop
+    # Nothing of the accumulators goes to memory inside the loop: no store at all.
+    assert not re.search(r"\bvmov\w*\s+%[xyz]mm\d+, [^\n]*\(", loop), loop
+
+
+def _hottest_loop(asm: str) -> str:
+    """The body of the first loop (a label jumped back to from below) holding FMAs."""
+    lines = asm.splitlines()
+    labels = {line[:-1]: i for i, line in enumerate(lines) if re.match(r"^\.LBB\w+:$", line)}
+    for j, line in enumerate(lines):
+        match = re.match(r"^\s+j\w+\s+(\.LBB\w+)$", line)
+        if match and match.group(1) in labels and labels[match.group(1)] < j:
+            body = "\n".join(lines[labels[match.group(1)] : j + 1])
+            if "vfmadd" in body:
+                return body
+    raise AssertionError("no loop with FMAs in the kernel's assembly")
+
+
+def test_triad_kernel_computes_the_triad() -> None:
+    length = 2 * LANES * 37
+    lib = _compile(triad_kernel(length, LANES, 2), "triad")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(length).astype("float32") for _ in range(2))
+    c = tvm.runtime.tensor(np.zeros(length, dtype="float32"))
+    lib["triad"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    # LLVM may fuse the multiply and add into one FMA, which rounds once instead of twice.
+    np.testing.assert_allclose(c.numpy(), a + np.float32(3.0) * b, rtol=1e-6, atol=1e-6)
+
+
+def test_last_level_cache_is_the_highest_data_level(tmp_path: Path) -> None:
+    for name, level, kind, size in [
+        ("index0", 1, "Data", "32K"),
+        ("index1", 1, "Instruction", "32K"),
+        ("index2", 2, "Unified", "1024K"),
+        ("index3", 3, "Unified", "32768K"),
+    ]:
+        index = tmp_path / name
+        index.mkdir()
+        (index / "level").write_text(f"{level}\n")
+        (index / "type").write_text(f"{kind}\n")
+        (index / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(tmp_path) == 32 << 20
+    assert last_level_cache_bytes(tmp_path / "missing") is None
+
+
+def test_bandwidth_of_a_small_stream_is_a_positive_rate() -> None:
+    assert measure_bandwidth(TARGET, threads=2, repeats=1, array_bytes=1 << 20) > 0
+
+
+@pytest.mark.slow
+def test_measured_limits_are_positive_and_say_how() -> None:
+    limits = measure_limits(TARGET, repeats=1)
+    assert limits.peak_gflops > 0 and limits.peak_gflops_one_thread > 0 and limits.bandwidth_gbs > 0
+    assert limits.vector_lanes == LANES and limits.threads == TARGET["num-cores"]
+    assert f"{FMA_CHAINS} independent chains" in limits.how
+    assert set(limits.as_dict()) >= {"peak_gflops", "bandwidth_gbs", "how"}

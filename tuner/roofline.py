@@ -1,0 +1,211 @@
+"""This machine's limits, measured: its fp32 FMA peak and its memory bandwidth, the two roofs of a roofline.
+
+Both come from small kernels TVM compiles for the target, run on all its cores:
+
+* **FMA peak**: each thread keeps ``chains`` vector accumulators in registers and applies a fused
+  multiply-add to each of them ``iterations`` times. The chains are independent, so the FMA pipes stay
+  full whatever their latency (12 chains cover two pipes of latency 4 with room to spare, and still fit
+  AVX2's 16 registers). Counting the clock from ``/proc/cpuinfo`` instead is wrong on a VM or a boosting
+  CPU: the Zen 4 VMs Kiln runs on report 2.6 GHz and run at 3.7.
+* **Memory bandwidth**: STREAM's triad, ``c = a + 3 b``, over arrays several times the last-level cache,
+  counted as STREAM counts it (three arrays moved per pass, no write-allocate traffic).
+
+Each figure is the best of several repeats: a limit is what the machine can do, and a repeat disturbed
+by another process only ever lowers it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln_tvm import tir_script as T
+from kiln_tvm import tvm
+from tuner.targets import fp32_vector_lanes, to_tvm_target
+
+#: Independent accumulator chains per thread in the FMA kernel.
+FMA_CHAINS = 12
+#: Smallest array the triad streams, per array: large enough to leave any cache on a small machine.
+MIN_STREAM_BYTES = 64 << 20
+_REPEATS = 5
+# One repeat of a kernel runs about this long (its iteration count is calibrated to it).
+_REPEAT_S = 0.05
+_SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    """The measured roofs of this machine for one target."""
+
+    #: fp32 FMA peak of all threads together, GFLOP/s.
+    peak_gflops: float
+    #: the same with one thread (what one core reaches alone: a boosting CPU runs it faster).
+    peak_gflops_one_thread: float
+    #: STREAM triad bandwidth of all threads, GB/s (10^9 bytes).
+    bandwidth_gbs: float
+    threads: int
+    vector_lanes: int
+    #: how each figure was measured, in words.
+    how: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The limits as plain JSON."""
+        return asdict(self)
+
+
+def fma_peak_kernel(lanes: int, chains: int, threads: int) -> tvm.tirx.PrimFunc:
+    """``out[t] = fma(...fma(seed[:lanes], 1, step)...)``: ``threads`` x ``chains`` accumulators of ``lanes``
+    fp32 each, advanced by one FMA per iteration.
+
+    The accumulators are a ``global``-scope buffer below 1 KiB allocated inside the thread's loop: TVM
+    then gives it a stack slot that LLVM promotes to registers. A ``local`` buffer would be allocated
+    through the runtime's workspace and every FMA's result stored to memory.
+    """
+    width = lanes * chains
+    vector = f"float32x{lanes}"
+    fma = f"llvm.fma.v{lanes}f32"
+
+    @T.prim_func
+    def fma_peak(
+        seed: T.Buffer((2 * lanes,), "float32"),
+        out: T.Buffer((threads, width), "float32"),
+        iterations: T.int32,
+    ):
+        T.func_attr({"global_symbol": "fma_peak", "tir.noalias": True})
+        for t in T.parallel(threads):
+            acc = T.alloc_buffer((width,), "float32", scope="global")
+            for c in T.unroll(chains):
+                acc[T.Ramp(c * lanes, 1, lanes)] = seed[T.Ramp(0, 1, lanes)]
+            for _ in T.serial(iterations):
+                for c in T.unroll(chains):
+                    acc[T.Ramp(c * lanes, 1, lanes)] = T.call_llvm_pure_intrin(
+                        vector,
+                        fma,
+                        acc[T.Ramp(c * lanes, 1, lanes)],
+                        seed[T.Ramp(0, 1, lanes)],
+                        seed[T.Ramp(lanes, 1, lanes)],
+                    )
+            for c in T.unroll(chains):
+                out[t, T.Ramp(c * lanes, 1, lanes)] = acc[T.Ramp(c * lanes, 1, lanes)]
+
+    return fma_peak
+
+
+def triad_kernel(length: int, lanes: int, threads: int) -> tvm.tirx.PrimFunc:
+    """STREAM triad ``c = a + 3 b`` on ``length`` fp32, one contiguous slice per thread, vectorized by
+    ``lanes``. ``length`` must be a multiple of ``threads * lanes``."""
+    per_thread = length // threads
+    steps = per_thread // lanes
+
+    @T.prim_func
+    def triad(
+        a: T.Buffer((length,), "float32"),
+        b: T.Buffer((length,), "float32"),
+        c: T.Buffer((length,), "float32"),
+    ):
+        T.func_attr({"global_symbol": "triad", "tir.noalias": True})
+        for t in T.parallel(threads):
+            for i in T.serial(steps):
+                for v in T.vectorized(lanes):
+                    c[t * per_thread + i * lanes + v] = (
+                        a[t * per_thread + i * lanes + v] + T.float32(3.0) * b[t * per_thread + i * lanes + v]
+                    )
+
+    return triad
+
+
+def last_level_cache_bytes(cache_dir: Path = _SYSFS_CACHE) -> int | None:
+    """Size of cpu0's highest cache level from sysfs (``None`` where sysfs does not say)."""
+    best: tuple[int, int] | None = None
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = _parse_cache_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        if best is None or level > best[0]:
+            best = (level, size)
+    return best[1] if best else None
+
+
+def _parse_cache_size(text: str) -> int:
+    text = text.strip().upper()
+    for suffix, scale in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if text.endswith(suffix):
+            return int(text[:-1]) * scale
+    return int(text)
+
+
+def _best_seconds(func: Any, args: list[Any], repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls (after one untimed)."""
+    func(*args)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        func(*args)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_fma_peak(target: dict[str, Any], threads: int, repeats: int = _REPEATS) -> float:
+    """fp32 GFLOP/s of :func:`fma_peak_kernel` on ``threads`` threads of this machine."""
+    lanes = fp32_vector_lanes(target)
+    lib = tvm.compile(
+        tvm.IRModule({"fma_peak": fma_peak_kernel(lanes, FMA_CHAINS, threads)}), target=to_tvm_target(target)
+    )
+    func = lib.mod["fma_peak"]
+    seed = tvm.runtime.tensor(np.array([1.0] * lanes + [1e-7] * lanes, dtype="float32"))
+    out = tvm.runtime.tensor(np.zeros((threads, lanes * FMA_CHAINS), dtype="float32"))
+    flop_per_iteration = 2 * lanes * FMA_CHAINS * threads
+    iterations = 10_000
+    seconds = _best_seconds(func, [seed, out, iterations], 1)
+    iterations = max(iterations, int(iterations * _REPEAT_S / max(seconds, 1e-6)))
+    seconds = _best_seconds(func, [seed, out, iterations], repeats)
+    return flop_per_iteration * iterations / seconds / 1e9
+
+
+def measure_bandwidth(
+    target: dict[str, Any], threads: int, repeats: int = _REPEATS, array_bytes: int | None = None
+) -> float:
+    """STREAM triad GB/s on ``threads`` threads, over three arrays of ``array_bytes`` each (default: 4x the
+    last-level cache, at least :data:`MIN_STREAM_BYTES`)."""
+    lanes = fp32_vector_lanes(target)
+    if array_bytes is None:
+        array_bytes = max(MIN_STREAM_BYTES, 4 * (last_level_cache_bytes() or 0))
+    chunk = threads * lanes
+    length = max(chunk, array_bytes // 4 // chunk * chunk)
+    lib = tvm.compile(
+        tvm.IRModule({"triad": triad_kernel(length, lanes, threads)}), target=to_tvm_target(target)
+    )
+    arrays = [tvm.runtime.tensor(np.full(length, value, dtype="float32")) for value in (1.0, 2.0, 0.0)]
+    seconds = _best_seconds(lib.mod["triad"], arrays, repeats)
+    return 3 * 4 * length / seconds / 1e9
+
+
+def measure_limits(target: dict[str, Any], repeats: int = _REPEATS) -> MachineLimits:
+    """Measure this machine's FMA peak (one thread and all) and triad bandwidth for a host CPU ``target``."""
+    threads = int(target.get("num-cores") or 1)
+    lanes = fp32_vector_lanes(target)
+    peak_one = measure_fma_peak(target, 1, repeats)
+    peak_all = peak_one if threads == 1 else measure_fma_peak(target, threads, repeats)
+    bandwidth = measure_bandwidth(target, threads, repeats)
+    how = (
+        f"FMA peak: {FMA_CHAINS} independent chains of {lanes}-lane fp32 FMAs per thread on {threads} "
+        f"thread(s), best of {repeats}; bandwidth: STREAM triad c = a + 3b over arrays of at least "
+        f"{MIN_STREAM_BYTES >> 20} MiB (4x the last-level cache), 3 arrays counted per pass, best of {repeats}"
+    )
+    return MachineLimits(
+        peak_gflops=peak_all,
+        peak_gflops_one_thread=peak_one,
+        bandwidth_gbs=bandwidth,
+        threads=threads,
+        vector_lanes=lanes,
+        how=how,
+    )
