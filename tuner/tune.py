@@ -126,7 +126,7 @@ def make_runner(config: MeasureConfig) -> Any:
                 f_run_evaluator=run_calibrated_evaluator if config.calibrate else None,
             )
         )
-    return make_rpc_runner(config.runner, _evaluator(config))
+    return make_rpc_runner(config.runner, _evaluator(config), calibrate=config.calibrate)
 
 
 #: The cost models a job may ask for.

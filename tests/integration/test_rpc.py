@@ -170,6 +170,22 @@ def test_a_candidate_waiting_for_a_busy_server_times_out(tracker: RPCProcess, se
     assert _queue(tracker.address, KEY, free=1) == DeviceQueue(key=KEY, free=1, pending=0, total=1)
 
 
+def test_a_gather_is_measured_through_the_rpc_runner(tracker: RPCProcess, server: RPCProcess) -> None:
+    from kiln_tvm import ms
+    from tests.integration.test_integer_arguments import built_gather
+
+    path, args = built_gather()
+    runner = make_rpc_runner(
+        RunnerSpec("rpc", tracker.address, KEY),
+        ms.runner.EvaluatorConfig(number=1, repeat=2, min_repeat_ms=1),
+    )
+    (future,) = runner.run([ms.runner.RunnerInput(path, "cpu", args)])
+    result = future.result()
+    # Random integer bits would index far outside the table: the server's process would crash.
+    assert result.error_msg is None, result.error_msg
+    assert len(result.run_secs) == 2
+
+
 def test_mlp_tunes_through_the_rpc_runner(
     tracker: RPCProcess, server: RPCProcess, store: Store, settings: Settings, tmp_path: Path
 ) -> None:

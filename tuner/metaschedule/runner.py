@@ -45,15 +45,15 @@ class ExclusiveRunner(ms.runner.PyRunner):
         return [DoneFuture(future.result()) for future in futures]
 
 
-def alloc_measure_arguments(device: Any, args_info: list[Any], alloc_repeat: int) -> list[list[Any]]:
-    """A candidate's arguments for measurement: floats random (as MetaSchedule fills them), integers zero.
+def measure_filler(random_fill: Any) -> Any:
+    """A function filling one measurement argument: floats with ``random_fill`` (MetaSchedule's filler,
+    local or on an RPC session), integers with zeros.
 
     MetaSchedule fills every argument with random bits; an integer argument is then an out-of-range
     index (an embedding's token ids, a gather's indices), and the candidate reads far outside its table
     and crashes, so the task is never measured. Zero is a valid index of any gather; no kernel's speed
-    depends on which row it reads. Runs in the runner's worker process.
+    depends on which row it reads.
     """
-    random_fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure", allow_missing=True)
 
     def fill(arr: Any) -> None:
         if str(arr.dtype).startswith(("int", "uint", "bool")) or random_fill is None:
@@ -61,7 +61,14 @@ def alloc_measure_arguments(device: Any, args_info: list[Any], alloc_repeat: int
         else:
             random_fill(arr)
 
-    return ms.runner.utils.alloc_argument_common(fill, device, args_info, alloc_repeat)
+    return fill
+
+
+def alloc_measure_arguments(device: Any, args_info: list[Any], alloc_repeat: int) -> list[list[Any]]:
+    """A candidate's arguments for measurement on this machine (see :func:`measure_filler`). Runs in the
+    runner's worker process."""
+    random_fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure", allow_missing=True)
+    return ms.runner.utils.alloc_argument_common(measure_filler(random_fill), device, args_info, alloc_repeat)
 
 
 # How long the calibration of a candidate's runs per repeat lasts (at least), in ms.
