@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from kiln_tvm import ms, s_tir, structural_equal, tvm
+from schedules import row_reduction
 from schedules.defaults import default_schedule
 from tests.artifacts import onnxruntime_output
 from tests.models import build_attention_scores
@@ -59,6 +60,25 @@ def test_reductions_get_a_default_schedule_that_computes_the_same(plan: GraphPla
     expected, got = _run(mod)[-1], _run(sch.mod)[-1]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     assert "parallel" in sch.mod.script()
+    # Kiln's row-reduction rule took it: every reduction is factored into a vector of partials per row.
+    unscheduled = s_tir.Schedule(mod)
+    blocks = [unscheduled.get(b) for b in unscheduled.get_child_blocks(unscheduled.get_sblock("root"))]
+    reductions = [b.name_hint for b in blocks if any(int(iv.iter_type) == 2 for iv in b.iter_vars)]
+    assert reductions
+    for name in reductions:
+        loops = sch.get_loops(sch.get_sblock(f"{name}_rf_update"))  # its update, after its init
+        (vector,) = [loop for loop in loops if sch.get(loop).kind == tvm.tirx.ForKind.VECTORIZED]
+        assert int(sch.get(vector).extent) == row_reduction.fp32_lanes(TARGET)
+
+
+def test_a_reduction_along_an_outer_axis_is_left_to_dlight() -> None:
+    te = tvm.te
+    x = te.placeholder((1, 7, 7, 64), name="x")
+    rh, rw = te.reduce_axis((0, 7), "rh"), te.reduce_axis((0, 7), "rw")
+    total = te.compute((1, 64), lambda n, c: te.sum(x[n, rh, rw, c], axis=[rh, rw]), name="sum")
+    mean = te.compute((1, 64), lambda n, c: total[n, c] / 49.0, name="mean")
+    func = te.create_prim_func([x, mean])
+    assert row_reduction.row_reduction_schedule(func, TARGET) is None
 
 
 def test_matmuls_get_no_default_schedule(plan: GraphPlan) -> None:
