@@ -4,7 +4,8 @@ Kiln's row-reduction rule (:mod:`schedules.row_reduction`) and TVM's ``dlight`` 
 kernels whose structure they recognise: the row-reduction rule takes softmax, layer norm and the like
 (row-parallel, every block computed under the row loop, the elementwise blocks and the reductions
 vectorised), dlight's ``Reduction`` the same shapes it cannot vectorize (reductions along an outer
-axis, with scalar reductions), ``GEMV`` matrix-vector products. MetaSchedule's space for such kernels is
+axis, with scalar reductions), ``GEMV`` matrix-vector products, and Kiln's transpose rule
+(:mod:`schedules.transpose`) kernels that only transpose data. MetaSchedule's space for such kernels is
 poor (a softmax's blocks tiled one by one, each over the whole tensor); a rule gets them right at once.
 The tuner measures a task's default schedule before the search and stores it like any measured
 candidate, so the compiled model takes whichever is faster, and the search may stop early on it.
@@ -18,6 +19,7 @@ from typing import Any
 from kiln_tvm import Target, dlight, s_tir, tvm
 from schedules.anatomy import contraction_depth
 from schedules.row_reduction import row_reduction_schedule
+from schedules.transpose import transpose_schedule
 
 Rule = Callable[[Any, Target], Any]
 
@@ -28,7 +30,7 @@ def _dlight(rule: Any) -> Rule:
 
 def _cpu_rules(func: Any) -> list[Rule]:
     """The rules to try on ``func``, best first."""
-    rules = [_dlight(dlight.cpu.GEMV())]
+    rules = [_dlight(dlight.cpu.GEMV()), transpose_schedule]
     # Row-wise rules take any reduction followed by an elementwise block, a matmul with an epilogue
     # too, and schedule it row by row without tiling; a matmul is the search's to schedule.
     if not contraction_depth(func):
