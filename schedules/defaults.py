@@ -54,14 +54,3 @@ def default_schedule(mod: tvm.IRModule, target: Target) -> s_tir.Schedule | None
         if sch is not None and sch.trace is not None:
             return sch
     return None
-    func = mod["main"]
-    for rule in _cpu_rules(func):
-        try:
-            sch = rule.apply(func, target, False)
-        except Exception:  # noqa: BLE001 -- a rule that trips over a kernel simply does not apply
-            continue
-        if isinstance(sch, list):
-            sch = sch[0] if sch else None
-        if sch is not None and sch.trace is not None:
-            return sch
-    return None
