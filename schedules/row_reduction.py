@@ -14,24 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln_tvm import Target, normalize_prim_func, s_tir, tvm
+from kiln_tvm import Target, normalize_prim_func, s_tir
+from schedules.loops import fp32_lanes, loop_extent
 
 _SPATIAL = 0  # tirx IterVar.DataPar
 
 
 def _leading_spatial(dom_kind: str) -> int:
     return len(dom_kind) - len(dom_kind.lstrip("S"))
-
-
-def _extent(sch: s_tir.Schedule, loop: Any) -> int | None:
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
-
-
-def fp32_lanes(target: Target) -> int:
-    """fp32 lanes of ``target``'s vector registers (4 where LLVM does not say)."""
-    bits = tvm.target.codegen.llvm_get_vector_width(target)
-    return max(bits // 32, 4) if bits > 0 else 4
 
 
 def row_reduction_schedule(func: Any, target: Target) -> s_tir.Schedule | None:
@@ -52,7 +42,7 @@ def row_reduction_schedule(func: Any, target: Target) -> s_tir.Schedule | None:
     for info in infos:
         if info.is_injective() or info.iters[-1].kind != "R":
             continue
-        extent = _extent(sch, info.iters[-1].loop_rv)
+        extent = loop_extent(sch, info.iters[-1].loop_rv)
         if extent is None or extent % lanes or extent < 2 * lanes:
             continue
         _, lane = sch.split(info.iters[-1].loop_rv, factors=[None, lanes])
@@ -74,7 +64,7 @@ def row_reduction_schedule(func: Any, target: Target) -> s_tir.Schedule | None:
         if name in factored:
             # Under the row loop: the lane loop, then the loop over the row's vectors. Swap them, so
             # the row is consumed a vector at a time into one vector of partials.
-            inner = [loop for loop in sch.get_loops(block)[1:] if _extent(sch, loop) != 1]
+            inner = [loop for loop in sch.get_loops(block)[1:] if loop_extent(sch, loop) != 1]
             lane, steps = inner[0], inner[-1]
             sch.reorder(steps, lane)
             sch.vectorize(lane)
@@ -88,7 +78,7 @@ def _vectorize_innermost(sch: s_tir.Schedule, block: Any, lanes: int) -> None:
     loops = sch.get_loops(block)
     if len(loops) <= 1:
         return
-    extent = _extent(sch, loops[-1])
+    extent = loop_extent(sch, loops[-1])
     if extent is not None and extent > lanes:
         _, vector = sch.split(loops[-1], factors=[None, lanes])
         sch.vectorize(vector)

@@ -15,12 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln_tvm import Target, normalize_prim_func, s_tir, tvm
-from schedules.row_reduction import fp32_lanes
-
-
-def _extent(sch: s_tir.Schedule, loop: Any) -> int | None:
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
+from schedules.loops import fp32_lanes, loop_extent
 
 
 def input_contiguous_axis(block: Any, variables: list[Any]) -> int | None:
@@ -61,7 +56,10 @@ def transpose_schedule(func: Any, target: Target) -> s_tir.Schedule | None:
     if source is None or source == out:
         return None
     lanes = fp32_lanes(target)
-    if any(_extent(sch, loops[axis]) is None or _extent(sch, loops[axis]) % lanes for axis in (source, out)):
+    if any(
+        loop_extent(sch, loops[axis]) is None or loop_extent(sch, loops[axis]) % lanes
+        for axis in (source, out)
+    ):
         return None
     source_tiles, source_lane = sch.split(loops[source], factors=[None, lanes])
     out_tiles, out_lane = sch.split(loops[out], factors=[None, lanes])

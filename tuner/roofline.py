@@ -25,7 +25,8 @@ import numpy as np
 
 from kiln_tvm import tir_script as T
 from kiln_tvm import tvm
-from tuner.targets import fp32_vector_lanes, to_tvm_target
+from schedules.loops import fp32_lanes
+from tuner.targets import to_tvm_target
 
 #: Independent accumulator chains per thread in the FMA kernel.
 FMA_CHAINS = 12
@@ -156,7 +157,7 @@ def _best_seconds(func: Any, args: list[Any], repeats: int) -> float:
 
 def measure_fma_peak(target: dict[str, Any], threads: int, repeats: int = _REPEATS) -> float:
     """fp32 GFLOP/s of :func:`fma_peak_kernel` on ``threads`` threads of this machine."""
-    lanes = fp32_vector_lanes(target)
+    lanes = fp32_lanes(to_tvm_target(target))
     lib = tvm.compile(
         tvm.IRModule({"fma_peak": fma_peak_kernel(lanes, FMA_CHAINS, threads)}), target=to_tvm_target(target)
     )
@@ -176,7 +177,7 @@ def measure_bandwidth(
 ) -> float:
     """STREAM triad GB/s on ``threads`` threads, over three arrays of ``array_bytes`` each (default: 4x the
     last-level cache, at least :data:`MIN_STREAM_BYTES`)."""
-    lanes = fp32_vector_lanes(target)
+    lanes = fp32_lanes(to_tvm_target(target))
     if array_bytes is None:
         array_bytes = max(MIN_STREAM_BYTES, 4 * (last_level_cache_bytes() or 0))
     chunk = threads * lanes
@@ -192,7 +193,7 @@ def measure_bandwidth(
 def measure_limits(target: dict[str, Any], repeats: int = _REPEATS) -> MachineLimits:
     """Measure this machine's FMA peak (one thread and all) and triad bandwidth for a host CPU ``target``."""
     threads = int(target.get("num-cores") or 1)
-    lanes = fp32_vector_lanes(target)
+    lanes = fp32_lanes(to_tvm_target(target))
     peak_one = measure_fma_peak(target, 1, repeats)
     peak_all = peak_one if threads == 1 else measure_fma_peak(target, threads, repeats)
     bandwidth = measure_bandwidth(target, threads, repeats)

@@ -124,16 +124,6 @@ def _isa_features(target: dict[str, Any]) -> set[str]:
     return {str(f) for f in features if _ISA_FEATURE.match(str(f))}
 
 
-def fp32_vector_lanes(target: dict[str, Any]) -> int:
-    """fp32 lanes of the widest vector register ``target`` has: 16 with AVX-512, 8 with AVX, else 4."""
-    features = _isa_features(target)
-    if "avx512f" in features:
-        return 16
-    if "avx" in features:
-        return 8
-    return 4
-
-
 def to_tvm_target(target: dict[str, Any]) -> Target:
     """A TVM ``Target`` for a resolved target dict."""
     return Target(target)

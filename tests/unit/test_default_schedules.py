@@ -12,6 +12,7 @@ import pytest
 from kiln_tvm import ms, s_tir, structural_equal, tvm
 from schedules import row_reduction
 from schedules.defaults import default_schedule
+from schedules.loops import fp32_lanes
 from tests.artifacts import onnxruntime_output
 from tests.models import build_attention_scores
 from tuner.compile import LoadedModel, build_untuned
@@ -68,7 +69,7 @@ def test_reductions_get_a_default_schedule_that_computes_the_same(plan: GraphPla
     for name in reductions:
         loops = sch.get_loops(sch.get_sblock(f"{name}_rf_update"))  # its update, after its init
         (vector,) = [loop for loop in loops if sch.get(loop).kind == tvm.tirx.ForKind.VECTORIZED]
-        assert int(sch.get(vector).extent) == row_reduction.fp32_lanes(TARGET)
+        assert int(sch.get(vector).extent) == fp32_lanes(TARGET)
 
 
 def test_a_reduction_along_an_outer_axis_is_left_to_dlight() -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kiln_tvm import tvm
+from schedules.loops import fp32_lanes
 from tuner.roofline import (
     FMA_CHAINS,
     fma_peak_kernel,
@@ -18,10 +19,10 @@ from tuner.roofline import (
     measure_limits,
     triad_kernel,
 )
-from tuner.targets import fp32_vector_lanes, host_target, to_tvm_target
+from tuner.targets import host_target, to_tvm_target
 
 TARGET = host_target()
-LANES = fp32_vector_lanes(TARGET)
+LANES = fp32_lanes(to_tvm_target(TARGET))
 
 
 def _compile(func: tvm.tirx.PrimFunc, name: str) -> tvm.runtime.Module:
@@ -32,6 +33,14 @@ def test_vector_lanes_follow_the_cpu_features() -> None:
     flags = Path("/proc/cpuinfo").read_text().split()
     expected = 16 if "avx512f" in flags else 8 if "avx" in flags else 4
     assert expected == LANES
+
+
+@pytest.mark.parametrize(
+    ("mcpu", "lanes"), [("znver4", 16), ("znver3", 8), ("haswell", 8), ("emeraldrapids", 16)]
+)
+def test_vector_lanes_of_named_cpus_come_from_their_own_features(mcpu: str, lanes: int) -> None:
+    # Not this machine's: LLVM's llvm_get_vector_width says 512 bits for znver3.
+    assert fp32_lanes(to_tvm_target({"kind": "llvm", "mcpu": mcpu})) == lanes
 
 
 def test_fma_kernel_computes_its_chains() -> None:

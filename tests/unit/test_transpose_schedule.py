@@ -9,7 +9,7 @@ import pytest
 
 from kiln_tvm import ms, s_tir, structural_equal, tvm
 from schedules.defaults import default_schedule
-from schedules.row_reduction import fp32_lanes
+from schedules.loops import fp32_lanes
 from schedules.transpose import transpose_schedule
 from tuner.targets import host_target, to_tvm_target
 
