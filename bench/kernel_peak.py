@@ -24,9 +24,9 @@ GOAL_FRACTION = 0.85
 
 def gemm_kernels(data_dir: Path, job_id: str) -> list[dict[str, Any]]:
     """The GEMM-like tasks of ``job_id`` in the store under ``data_dir``: name, weight, contraction depth,
-    MFLOP, best µs and GFLOP/s."""
+    FLOP per byte of arguments, MFLOP, best µs and GFLOP/s."""
     from kiln_tvm import tvm
-    from schedules.anatomy import contraction_depth, is_gemm_like
+    from schedules.anatomy import arithmetic_intensity, contraction_depth, is_gemm_like
     from tuner.settings import Settings
     from tuner.store.sql import Store
 
@@ -41,6 +41,7 @@ def gemm_kernels(data_dir: Path, job_id: str) -> list[dict[str, Any]]:
                 "task": task.name,
                 "weight": task.weight,
                 "depth": contraction_depth(func),
+                "flop_per_byte": arithmetic_intensity(func),
                 "mflop": task.flops / 1e6,
                 "best_us": task.best_latency_us,
                 "gflops": task.gflops,
@@ -86,6 +87,7 @@ def report(per_model: dict[str, list[dict[str, Any]]], peak_gflops: float) -> st
                         k["task"],
                         k["weight"],
                         k["depth"],
+                        fmt(k.get("flop_per_byte"), ".1f"),
                         fmt(k["mflop"], ".1f"),
                         fmt(k["best_us"], ".1f"),
                         fmt(k["gflops"], ".0f"),
@@ -103,7 +105,18 @@ def report(per_model: dict[str, list[dict[str, Any]]], peak_gflops: float) -> st
         rows,
     )
     below = table(
-        ["model", "task below the goal", "weight", "depth", "MFLOP", "best µs", "GFLOP/s", "% of peak"], slow
+        [
+            "model",
+            "task below the goal",
+            "weight",
+            "depth",
+            "FLOP/byte",
+            "MFLOP",
+            "best µs",
+            "GFLOP/s",
+            "% of peak",
+        ],
+        slow,
     )
     return f"{head}\n\n{below}" if slow else head
 
