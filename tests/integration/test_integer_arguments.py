@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tvm.script import tirx as T
 
 from kiln_tvm import ms, tvm
+from kiln_tvm import tir_script as T
 from tuner.metaschedule.builder import PooledBuilder
 from tuner.tune import MeasureConfig, make_runner
 
