@@ -76,7 +76,7 @@ def fma_peak_kernel(lanes: int, chains: int, threads: int) -> tvm.tirx.PrimFunc:
         out: T.Buffer((threads, width), "float32"),
         iterations: T.int32,
     ):
-        T.func_attr({"global_symbol": "fma_peak", "tir.noalias": True})
+        T.func_attr({"global_symbol": "fma_peak", "tirx.noalias": True})
         for t in T.parallel(threads):
             acc = T.alloc_buffer((width,), "float32", scope="global")
             for c in T.unroll(chains):
@@ -108,7 +108,7 @@ def triad_kernel(length: int, lanes: int, threads: int) -> tvm.tirx.PrimFunc:
         b: T.Buffer((length,), "float32"),
         c: T.Buffer((length,), "float32"),
     ):
-        T.func_attr({"global_symbol": "triad", "tir.noalias": True})
+        T.func_attr({"global_symbol": "triad", "tirx.noalias": True})
         for t in T.parallel(threads):
             for i in T.serial(steps):
                 for v in T.vectorized(lanes):
