@@ -157,9 +157,10 @@ def _best_seconds(func: Any, args: list[Any], repeats: int) -> float:
 
 def measure_fma_peak(target: dict[str, Any], threads: int, repeats: int = _REPEATS) -> float:
     """fp32 GFLOP/s of :func:`fma_peak_kernel` on ``threads`` threads of this machine."""
-    lanes = fp32_lanes(to_tvm_target(target))
+    tvm_target = to_tvm_target(target)
+    lanes = fp32_lanes(tvm_target)
     lib = tvm.compile(
-        tvm.IRModule({"fma_peak": fma_peak_kernel(lanes, FMA_CHAINS, threads)}), target=to_tvm_target(target)
+        tvm.IRModule({"fma_peak": fma_peak_kernel(lanes, FMA_CHAINS, threads)}), target=tvm_target
     )
     func = lib.mod["fma_peak"]
     seed = tvm.runtime.tensor(np.array([1.0] * lanes + [1e-7] * lanes, dtype="float32"))
@@ -177,14 +178,13 @@ def measure_bandwidth(
 ) -> float:
     """STREAM triad GB/s on ``threads`` threads, over three arrays of ``array_bytes`` each (default: 4x the
     last-level cache, at least :data:`MIN_STREAM_BYTES`)."""
-    lanes = fp32_lanes(to_tvm_target(target))
+    tvm_target = to_tvm_target(target)
+    lanes = fp32_lanes(tvm_target)
     if array_bytes is None:
         array_bytes = max(MIN_STREAM_BYTES, 4 * (last_level_cache_bytes() or 0))
     chunk = threads * lanes
     length = max(chunk, array_bytes // 4 // chunk * chunk)
-    lib = tvm.compile(
-        tvm.IRModule({"triad": triad_kernel(length, lanes, threads)}), target=to_tvm_target(target)
-    )
+    lib = tvm.compile(tvm.IRModule({"triad": triad_kernel(length, lanes, threads)}), target=tvm_target)
     arrays = [tvm.runtime.tensor(np.full(length, value, dtype="float32")) for value in (1.0, 2.0, 0.0)]
     seconds = _best_seconds(lib.mod["triad"], arrays, repeats)
     return 3 * 4 * length / seconds / 1e9
