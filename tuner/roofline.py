@@ -26,6 +26,7 @@ import numpy as np
 from kiln_tvm import tir_script as T
 from kiln_tvm import tvm
 from schedules.loops import fp32_lanes
+from schedules.poly.caches import SYSFS_CACHE_DIR, read_sysfs_caches
 from tuner.targets import to_tvm_target
 
 #: Independent accumulator chains per thread in the FMA kernel.
@@ -35,7 +36,6 @@ MIN_STREAM_BYTES = 64 << 20
 _REPEATS = 5
 # One repeat of a kernel runs about this long (its iteration count is calibrated to it).
 _REPEAT_S = 0.05
-_SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
 @dataclass(frozen=True)
@@ -119,29 +119,10 @@ def triad_kernel(length: int, lanes: int, threads: int) -> tvm.tirx.PrimFunc:
     return triad
 
 
-def last_level_cache_bytes(cache_dir: Path = _SYSFS_CACHE) -> int | None:
+def last_level_cache_bytes(cache_dir: Path = SYSFS_CACHE_DIR) -> int | None:
     """Size of cpu0's highest cache level from sysfs (``None`` where sysfs does not say)."""
-    best: tuple[int, int] | None = None
-    for index in sorted(cache_dir.glob("index*")):
-        try:
-            level = int((index / "level").read_text())
-            kind = (index / "type").read_text().strip()
-            size = _parse_cache_size((index / "size").read_text())
-        except (OSError, ValueError):
-            continue
-        if kind == "Instruction":
-            continue
-        if best is None or level > best[0]:
-            best = (level, size)
-    return best[1] if best else None
-
-
-def _parse_cache_size(text: str) -> int:
-    text = text.strip().upper()
-    for suffix, scale in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if text.endswith(suffix):
-            return int(text[:-1]) * scale
-    return int(text)
+    caches = read_sysfs_caches(cache_dir)
+    return caches.levels[-1].bytes if caches.known else None
 
 
 def _best_seconds(func: Any, args: list[Any], repeats: int) -> float:
