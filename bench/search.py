@@ -84,7 +84,7 @@ def _tune_kiln(
     from tuner.tune import Budget, MeasureConfig, tune_tasks
 
     measure = MeasureConfig(**KILN_CONFIGS[config])
-    return tune_tasks(tasks, target, database, Budget(trials=trials, seed=seed), measure, work_dir)
+    return tune_tasks(tasks, target, database, Budget(trials=trials, seed=seed), measure, work_dir).profile
 
 
 def child(config: str, onnx_path: Path, trials: int, out: Path, seed: int, fast_math: bool) -> None:

@@ -64,6 +64,14 @@ OwnerOpt = Annotated[
         "(default: no owner; seen over the API only while it has no tokens)",
     ),
 ]
+SpaceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--space",
+        help="Schedule space: cpu (MetaSchedule's rules) or cpu-poly (shaped by the polyhedral analysis) "
+        "on CPUs, gpu on CUDA (default: the target's)",
+    ),
+]
 ModelArg = Annotated[
     Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
 ]
@@ -83,6 +91,7 @@ def tune(
     input_shape: ShapeOpt = None,
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
+    space: SpaceOpt = None,
     name: NameOpt = None,
     owner: OwnerOpt = "",
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
@@ -92,7 +101,7 @@ def tune(
     from tuner.job import run_job
 
     settings = current_settings()
-    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, RunnerSpec())
+    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, RunnerSpec(), space)
     store = open_store()
     info, job = _queue(store, model, spec, name, owner)
     console.print(
@@ -168,6 +177,7 @@ def submit(
     input_shape: ShapeOpt = None,
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
+    space: SpaceOpt = None,
     rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
     rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
     name: NameOpt = None,
@@ -177,7 +187,7 @@ def submit(
     runner = RunnerSpec()
     if rpc_tracker or rpc_key:
         runner = RunnerSpec("rpc", rpc_tracker or current_settings().rpc_tracker or "", rpc_key or "")
-    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, runner)
+    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, runner, space)
     info, job = _queue(open_store(), model, spec, name, owner)
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
 
@@ -191,6 +201,7 @@ def _job_spec(
     input_shape: list[str] | None,
     cost_model: str,
     runner: RunnerSpec,
+    space: str | None = None,
 ) -> JobSpec:
     """The job the tune and submit options ask for, on a model not yet stored."""
     from tuner.frontend import parse_input_shapes
@@ -206,6 +217,7 @@ def _job_spec(
         input_shapes=parse_input_shapes(input_shape or []),
         runner=runner,
         cost_model=cost_model,
+        space=space,
     )
 
 

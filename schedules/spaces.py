@@ -1,27 +1,57 @@
 """Schedule spaces: which MetaSchedule rules, postprocessors and mutators explore a task, per target.
 
-A space is a function ``(target) -> SpaceGenerator``, registered by name. The tuner asks for the space of
-a target with :func:`space_for` and never builds rules itself, so a new space (a different tiling
-structure, a polyhedral-guided generator...) plugs in here.
+A space is a factory ``(target, options, stats) -> SpaceGenerator``, registered by name with the target
+kinds it serves and whether the tuner seeds its search (``cpu-poly``: the polyhedral analysis' best-ranked
+tilings, measured before the search). The tuner asks for a space with :func:`space_for` and never builds
+rules itself, so a new space plugs in here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from kiln_tvm import Target, ms
+from schedules.poly.caches import UNKNOWN, CacheHierarchy
+from schedules.poly.search import FootprintPruner, PruningStats
 
-SpaceFactory = Callable[[Target], Any]
-
-_SPACES: dict[str, SpaceFactory] = {}
+SpaceFactory = Callable[[Target, "SpaceOptions", PruningStats], Any]
 
 
-def register_space(name: str) -> Callable[[SpaceFactory], SpaceFactory]:
-    """Register a schedule space under ``name``."""
+@dataclass(frozen=True)
+class SpaceOptions:
+    """What a space may use beyond the target: the measuring device's caches (unknown: no cache-based
+    pruning), how far a tile may overflow its cache before the candidate is rejected, the fraction of
+    rejected candidates let through anyway, and how many seeds to measure per task."""
+
+    caches: CacheHierarchy = UNKNOWN
+    margin: float = 0.5
+    pass_through: float = 0.1
+    seeds: int = 8
+
+
+@dataclass(frozen=True)
+class Space:
+    name: str
+    factory: SpaceFactory
+    target_kinds: tuple[str, ...]
+    #: The tuner measures :func:`schedules.poly.search.seed_schedules` before searching this space.
+    seeded: bool = False
+    description: str = field(default="", compare=False)
+
+
+_SPACES: dict[str, Space] = {}
+
+
+def register_space(
+    name: str, target_kinds: tuple[str, ...] = ("llvm",), seeded: bool = False
+) -> Callable[[SpaceFactory], SpaceFactory]:
+    """Register a schedule space under ``name`` for targets of ``target_kinds``."""
 
     def wrap(factory: SpaceFactory) -> SpaceFactory:
-        _SPACES[name] = factory
+        doc = (factory.__doc__ or "").strip().splitlines()
+        _SPACES[name] = Space(name, factory, target_kinds, seeded, doc[0] if doc else "")
         return factory
 
     return wrap
@@ -32,14 +62,26 @@ def available_spaces() -> list[str]:
     return sorted(_SPACES)
 
 
-@register_space("cpu")
-def cpu_space(target: Target) -> Any:
-    """Multi-level tiling (SSRSRS) with a write cache, parallel/vectorize/unroll, inlining, rfactor.
+def get_space(name: str) -> Space:
+    """The space registered as ``name`` (ValueError naming the known ones otherwise)."""
+    try:
+        return _SPACES[name]
+    except KeyError:
+        raise ValueError(f"unknown schedule space {name!r}; known: {', '.join(available_spaces())}") from None
 
-    TVM's own LLVM defaults, minus the VNNI tensorization rule: on fp32 it never applies and on
-    int8 every candidate failed to build with TVM 0.27 (see TVM_NOTES.md).
-    """
-    rules = [
+
+def check_space(name: str, target_kind: str) -> None:
+    """Refuse a space that does not exist or does not serve targets of ``target_kind``."""
+    space = get_space(name)
+    if target_kind not in space.target_kinds:
+        raise ValueError(
+            f"schedule space {name!r} is for {'/'.join(space.target_kinds)} targets, not {target_kind}; "
+            f"use one of {', '.join(n for n in available_spaces() if target_kind in _SPACES[n].target_kinds)}"
+        )
+
+
+def _cpu_rules() -> list[Any]:
+    return [
         ms.schedule_rule.ApplyCustomRule(),
         ms.schedule_rule.InlineConstantScalars(),
         ms.schedule_rule.AutoInline(
@@ -68,23 +110,53 @@ def cpu_space(target: Target) -> Any:
         ),
         ms.schedule_rule.RandomComputeLocation(),
     ]
-    postprocs = [
+
+
+def _cpu_postprocs() -> list[Any]:
+    return [
         ms.postproc.DisallowDynamicLoop(),
         ms.postproc.RewriteParallelVectorizeUnroll(),
         ms.postproc.RewriteReductionBlock(),
         ms.postproc.RewriteLayout(),
     ]
-    mutators = {
+
+
+def _cpu_mutators() -> dict[Any, float]:
+    return {
         ms.mutator.MutateTileSize(): 0.9,
         ms.mutator.MutateComputeLocation(): 0.05,
         ms.mutator.MutateUnroll(): 0.03,
         ms.mutator.MutateParallel(max_jobs_per_core=16): 0.02,
     }
-    return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs, mutator_probs=mutators)
 
 
-@register_space("gpu")
-def gpu_space(target: Target) -> Any:
+@register_space("cpu")
+def cpu_space(target: Target, options: SpaceOptions, stats: PruningStats) -> Any:
+    """Multi-level tiling (SSRSRS) with a write cache, parallel/vectorize/unroll, inlining, rfactor.
+
+    TVM's own LLVM defaults, minus the VNNI tensorization rule: on fp32 it never applies and on
+    int8 every candidate failed to build with TVM 0.27 (see TVM_NOTES.md).
+    """
+    return ms.space_generator.PostOrderApply(
+        sch_rules=_cpu_rules(), postprocs=_cpu_postprocs(), mutator_probs=_cpu_mutators()
+    )
+
+
+@register_space("cpu-poly", seeded=True)
+def cpu_poly_space(target: Target, options: SpaceOptions, stats: PruningStats) -> Any:
+    """The ``cpu`` space shaped by the polyhedral analysis: candidates whose tiles overflow the caches are
+    rejected (softly), and the search starts from the analysis' best-ranked tilings.
+
+    The pruner runs first, so a rejected candidate costs no other postprocessing.
+    """
+    pruner = FootprintPruner(options.caches, options.margin, options.pass_through, stats)
+    return ms.space_generator.PostOrderApply(
+        sch_rules=_cpu_rules(), postprocs=[pruner, *_cpu_postprocs()], mutator_probs=_cpu_mutators()
+    )
+
+
+@register_space("gpu", target_kinds=("cuda",))
+def gpu_space(target: Target, options: SpaceOptions, stats: PruningStats) -> Any:
     """TVM's default CUDA space (thread binding, shared-memory tiling, cooperative fetch)."""
     return ms.space_generator.PostOrderApply(
         sch_rules="from-target", postprocs="from-target", mutator_probs="from-target"
@@ -96,11 +168,12 @@ def default_space_name(target: Target) -> str:
     return "gpu" if "gpu" in [str(k) for k in target.keys] else "cpu"
 
 
-def space_for(target: Target, name: str | None = None) -> Any:
+def space_for(
+    target: Target,
+    name: str | None = None,
+    options: SpaceOptions | None = None,
+    stats: PruningStats | None = None,
+) -> Any:
     """A fresh space generator for ``target`` (one per task: generators hold per-task state)."""
-    name = name or default_space_name(target)
-    try:
-        factory = _SPACES[name]
-    except KeyError:
-        raise ValueError(f"unknown schedule space {name!r}; known: {', '.join(available_spaces())}") from None
-    return factory(target)
+    space = get_space(name or default_space_name(target))
+    return space.factory(target, options or SpaceOptions(), stats if stats is not None else PruningStats())

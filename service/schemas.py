@@ -155,6 +155,12 @@ class JobIn(BaseModel):
     max_trials_per_task: StrictInt | None = Field(default=None, ge=1, le=100_000)
     runner: Runner = Field(default_factory=LocalRunner)
     cost_model: Literal["xgb", "random"] = "xgb"
+    space: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Schedule space: 'cpu' (MetaSchedule's rules) or 'cpu-poly' (shaped by the polyhedral "
+        "analysis) for CPU targets, 'gpu' for CUDA; default: the target's default",
+    )
     seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
     input_shapes: dict[str, list[Annotated[StrictInt, Field(ge=1, le=1 << 20)]]] | None = Field(
         default=None, description="Shapes for inputs with dynamic dimensions, e.g. {'x': [1, 3, 224, 224]}"
@@ -211,6 +217,7 @@ class JobOut(EntityOut):
     max_trials_per_task: int | None
     runner: dict[str, Any]
     cost_model: str
+    space: str | None = Field(description="The schedule space that tunes the job")
     seed: int
     progress: ProgressOut
     baseline_latency_ms: float | None = Field(description="Untuned TVM build, end to end")
@@ -247,6 +254,7 @@ class JobOut(EntityOut):
             max_trials_per_task=spec.max_trials_per_task,
             runner=spec.runner.to_dict(),
             cost_model=spec.cost_model,
+            space=spec.space,
             seed=spec.seed,
             progress=ProgressOut(**progress),
             reference_latency_ms=dict(job.reference_latency_ms),
@@ -271,6 +279,11 @@ class TaskOut(EntityOut):
     best_latency_us: float | None
     gflops: float | None
     share: float | None = Field(description="Fraction of the model's estimated time spent in this task")
+    search_stats: dict[str, int] | None = Field(
+        default=None,
+        description="What the space's hooks did (cpu-poly: candidates examined, rejected, passed through "
+        "despite the model, seeds measured); null for spaces without hooks",
+    )
 
     @classmethod
     def list_of(cls, tasks: list[Task]) -> list[TaskOut]:

@@ -236,6 +236,8 @@ class JobSpec:
     runner: RunnerSpec = field(default_factory=RunnerSpec)
     cost_model: str = "xgb"
     time_budget_s: float | None = None  # seconds of tuning (search, build, measure) over all attempts
+    #: The schedule space (schedules.spaces); None until submission resolves the target's default.
+    space: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -248,6 +250,7 @@ class JobSpec:
             "runner": self.runner.to_dict(),
             "cost_model": self.cost_model,
             "time_budget_s": self.time_budget_s,
+            "space": self.space,
         }
 
     @classmethod
@@ -263,6 +266,7 @@ class JobSpec:
             runner=RunnerSpec.from_dict(data.get("runner")),
             cost_model=data.get("cost_model", "xgb"),
             time_budget_s=data.get("time_budget_s"),
+            space=data.get("space"),
         )
 
 
@@ -380,6 +384,9 @@ class Task:
     workload_hash: str
     trials: int = 0
     best_latency_us: float | None = None
+    #: What the space's hooks did in this task's search (cpu-poly: examined, rejected, passed_through,
+    #: seeds), when the space keeps statistics.
+    search_stats: dict[str, int] | None = None
 
     @property
     def gflops(self) -> float | None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schedules.poly.caches import UNKNOWN, host_caches, parse_cache_spec
+from schedules.spaces import SpaceOptions, check_space, default_space_name
 from tuner.artifact import export_library, pack_artifact
 from tuner.compile import build_tuned, build_untuned, random_inputs
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
@@ -55,6 +57,11 @@ def validate_spec(spec: JobSpec) -> dict[str, Any]:
     target = resolve_target(spec.target)
     Budget(spec.trials, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
     check_cost_model(spec.cost_model)
+    if spec.space is not None:
+        try:
+            check_space(spec.space, str(target.get("kind")))
+        except ValueError as exc:
+            raise InvalidSpec(str(exc)) from None
     validate_runner(spec.runner)
     if spec.runner.is_local:
         check_runs_here(target)
@@ -67,7 +74,9 @@ def submit_job(store: Store, spec: JobSpec, owner: str = "") -> Job:
     model = store.get_model(spec.model_id, owner)
     target = validate_spec(spec)
     _check_input_shapes(model, spec)
-    spec = JobSpec.from_dict({**spec.to_dict(), "target": target})
+    # The job records the space that tunes it, the target's default when the user named none.
+    space = spec.space or default_space_name(to_tvm_target(target))
+    spec = JobSpec.from_dict({**spec.to_dict(), "target": target, "space": space})
     return store.create_job(spec, canonical_target_key(target), owner)
 
 
@@ -90,8 +99,20 @@ def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
         check_given_shape(declared[name], tuple(shape))
 
 
+def space_options(settings: Settings, spec: JobSpec) -> SpaceOptions:
+    """What the job's space may assume of the measuring device: this machine's caches (or the settings'),
+    or, over RPC, only the sizes the settings give for remote devices."""
+    if spec.runner.is_local:
+        caches = host_caches(settings.cache_sizes)
+    elif settings.rpc_cache_sizes:
+        caches = parse_cache_spec(settings.rpc_cache_sizes, source="settings (rpc devices)")
+    else:
+        caches = UNKNOWN
+    return SpaceOptions(caches, settings.poly_margin, settings.poly_pass_through, settings.poly_seeds)
+
+
 def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
-    """Measurement settings of a job: the service's settings plus the job's runner and cost model."""
+    """Measurement settings of a job: the service's settings plus the job's runner, cost model and space."""
     return MeasureConfig(
         number=settings.measure_number,
         repeat=settings.measure_repeat,
@@ -102,6 +123,8 @@ def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
         default_schedules=settings.default_schedules,
         cost_model=spec.cost_model,
         runner=spec.runner,
+        space=spec.space,
+        space_options=space_options(settings, spec),
     )
 
 
@@ -194,7 +217,7 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
         time_left = clock.remaining_s()
         if trials_left != 0 and (time_left is None or time_left > 0):
             check_runner(spec.runner, settings.rpc_timeout_s)
-            tune_tasks(
+            report = tune_tasks(
                 plan.tasks,
                 target,
                 database,
@@ -205,6 +228,8 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
                 should_stop=should_stop,
                 time_left_s=clock.remaining_s,
             )
+            for index, stats in report.search_stats.items():
+                store.set_search_stats(recorder.tasks[index].id, stats)
     if should_stop is not None and should_stop():
         recorder.ended(JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
         return JobResult(store.get_job(job.id), recorder.tasks, plan.fusion, None, [], Latencies())

@@ -53,9 +53,11 @@ def job_manifest(
                 "trials": t.trials,
                 "best_latency_us": t.best_latency_us,
                 "gflops": gflops(t.flops, t.best_latency_us),
+                "search_stats": t.search_stats,
             }
             for t in tasks
         ],
+        "space": job.spec.space,
         "budget": {
             "trials": job.spec.trials,
             "time_s": job.spec.time_budget_s,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -46,6 +46,26 @@ class Settings(BaseSettings):
     fast_math: bool = Field(
         default=True,
         description="CPU: exp, erf, tanh and softmax use TVM's vectorisable approximations",
+    )
+    cache_sizes: str | None = Field(
+        default=None,
+        description=(
+            "Data caches the cpu-poly space holds tiles against, e.g. 'L1d=48K,L2=1M,L3=32M'; default: this "
+            "machine's, from /sys/devices/system/cpu/cpu0/cache"
+        ),
+    )
+    rpc_cache_sizes: str | None = Field(
+        default=None,
+        description="The same for devices measured over RPC; without it, cpu-poly does not prune for them",
+    )
+    poly_margin: float = Field(
+        default=0.5, ge=0, description="cpu-poly: how far (0.5: 50 %) a tile may overflow its cache level"
+    )
+    poly_pass_through: float = Field(
+        default=0.1, ge=0, le=1, description="cpu-poly: fraction of rejected candidates searched anyway"
+    )
+    poly_seeds: int = Field(
+        default=8, ge=0, description="cpu-poly: best-ranked tilings measured per task before the search"
     )
     verify_rtol: float = Field(default=1e-3, gt=0, description="Relative tolerance of artifact checks")
     verify_atol: float = Field(default=1e-4, gt=0, description="Absolute tolerance of artifact checks")
@@ -111,6 +131,15 @@ class Settings(BaseSettings):
         default=None, description="host:port of the TVM RPC tracker shown on /api/v1/devices"
     )
     rpc_timeout_s: float = Field(default=10.0, gt=0, description="Connect timeout to the RPC tracker")
+
+    @field_validator("cache_sizes", "rpc_cache_sizes")
+    @classmethod
+    def _readable_cache_sizes(cls, value: str | None) -> str | None:
+        if value:
+            from schedules.poly.caches import parse_cache_spec
+
+            parse_cache_spec(value)  # raises ValueError, which pydantic reports with the setting's name
+        return value
 
     def record_scope(self, owner: str) -> str | None:
         """Whose tuning records a job of ``owner`` reads and shows: its owner's, or all (KILN_SHARE_RECORDS)."""

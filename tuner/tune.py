@@ -15,13 +15,16 @@ from kiln_tvm import (
     physical_core_count,
     register_cpu_tensor_intrinsics,
 )
-from schedules.spaces import space_for
+from schedules.loops import fp32_lanes
+from schedules.poly.search import PruningStats, seed_schedules
+from schedules.poly.tiling import MachineModel
+from schedules.spaces import SpaceOptions, default_space_name, get_space, space_for
 from tuner.entities import RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
 from tuner.metaschedule.callback import BatchListener, ProgressCallback
-from tuner.metaschedule.defaults import measure_default_schedules
+from tuner.metaschedule.defaults import measure_default_schedules, measure_schedules
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.metaschedule.runner import ExclusiveRunner, alloc_measure_arguments, run_calibrated_evaluator
 from tuner.metaschedule.scheduler import KilnTaskScheduler, StopCheck, TimeLeft
@@ -74,6 +77,18 @@ class MeasureConfig:
     cost_model: str = "xgb"
     default_schedules: bool = True  # measure rule-based schedules (schedules.defaults) before the search
     runner: RunnerSpec = field(default_factory=RunnerSpec)
+    space: str | None = None  # None: the target's default (schedules.spaces.default_space_name)
+    space_options: SpaceOptions = field(default_factory=SpaceOptions)
+
+
+@dataclass(frozen=True)
+class TuningReport:
+    """Where a tuning run's time went, and what the search space's hooks did per task."""
+
+    #: Seconds per phase of MetaSchedule's profiler (search, build, run...).
+    profile: dict[str, float] = field(default_factory=dict)
+    #: Per task index: the space's pruning and seeding statistics (``cpu-poly``), when it keeps any.
+    search_stats: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 # The evolutionary search's population per candidate a round measures, and its floor.
@@ -169,17 +184,19 @@ def tune_tasks(
     on_batch: BatchListener | None = None,
     should_stop: StopCheck | None = None,
     time_left_s: TimeLeft | None = None,
-) -> dict[str, float]:
+) -> TuningReport:
     """Tune extracted tasks with evolutionary search; every measured candidate lands in ``database`` as
     soon as its batch is measured.
 
     ``tasks`` are MetaSchedule ``ExtractedTask``s in the order the caller indexes them; ``on_batch``
     receives that index. The search ends when the trials are spent, when ``should_stop()`` says so
     (checked before each batch), or before a batch that would not fit in ``time_left_s()`` seconds.
-    Returns where the time went: seconds per phase of MetaSchedule's profiler (search, build, run...).
+    A seeded space (``cpu-poly``) first measures each task's seed schedules, in one batch after the
+    default schedules; they are trials of their tasks and the search's first population draws on them.
+    Returns where the time went and what the space's hooks did.
     """
     if budget.trials == 0 or not tasks:
-        return {}
+        return TuningReport()
     register_cpu_tensor_intrinsics()
     cores = physical_core_count()
     if target.kind.name == "llvm":
@@ -189,18 +206,19 @@ def tune_tasks(
     seeds = ms.utils.fork_seed(budget.seed, n=len(tasks))
     per_iter = trials_per_iter(budget, len(tasks), config.trials_per_iter)
     population = population_for(per_iter, config.population_size)
+    stats = [PruningStats() for _ in tasks]
     contexts = [
         ms.TuneContext(
             mod=task.dispatched[0],
             target=target,
-            space_generator=space_for(target),
+            space_generator=space_for(target, config.space, config.space_options, task_stats),
             search_strategy=make_search(population),
             task_name=str(task.task_name),
             logger=logger,
             rand_state=seed,
             num_threads=cores,
         ).clone()
-        for task, logger, seed in zip(tasks, loggers, seeds, strict=True)
+        for task, logger, seed, task_stats in zip(tasks, loggers, seeds, stats, strict=True)
     ]
     builder = PooledBuilder(max_workers=config.builder_workers or cores, timeout_sec=60.0)
     callbacks = [
@@ -220,6 +238,7 @@ def tune_tasks(
         target,
     )
     runner = make_runner(config)
+    space = get_space(config.space or default_space_name(target))
     profiler = ms.Profiler()
     try:
         with profiler:
@@ -229,8 +248,17 @@ def tune_tasks(
                     default_ms, spent = measure_default_schedules(
                         tasks, target, database, builder, runner, on_batch, limit=budget.trials
                     )
+            if space.seeded and config.space_options.seeds > 0:
+                with ms.Profiler.timeit("Kiln/PolyhedralSeeds"):
+                    limit = None if budget.trials is None else budget.trials - spent
+                    seeded = _measure_seeds(
+                        tasks, contexts, target, config, cores, database, builder, runner, on_batch, limit
+                    )
+                for index, count in seeded.items():
+                    stats[index].seeds = count
+                spent += sum(seeded.values())
             if budget.trials is not None and spent >= budget.trials:
-                return _profile(profiler)
+                return TuningReport(_profile(profiler), _search_stats(space.seeded, stats))
             ms.tune_tasks(
                 tasks=contexts,
                 task_weights=[float(t.weight) for t in tasks],
@@ -251,7 +279,38 @@ def tune_tasks(
         builder.shutdown()
         # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
         (work_dir / "profile.txt").write_text(str(profiler.table()))
-    return _profile(profiler)
+    return TuningReport(_profile(profiler), _search_stats(space.seeded, stats))
+
+
+def _search_stats(kept: bool, stats: list[PruningStats]) -> dict[int, dict[str, int]]:
+    return {index: s.to_json() for index, s in enumerate(stats)} if kept else {}
+
+
+def _measure_seeds(
+    tasks: list[Any],
+    contexts: list[Any],
+    target: Target,
+    config: MeasureConfig,
+    cores: int,
+    database: Any,
+    builder: Any,
+    runner: Any,
+    on_batch: BatchListener | None,
+    limit: int | None,
+) -> dict[int, int]:
+    """Measure and store each task's seed schedules (one batch for all tasks); returns how many each got."""
+    machine = MachineModel(fp32_lanes(target), cores, config.space_options.caches)
+    candidates = []
+    for index, context in enumerate(contexts):
+        for sch in seed_schedules(context, machine, config.space_options.seeds):
+            if limit is not None and len(candidates) >= limit:
+                break
+            candidates.append((index, tasks[index].dispatched[0], sch))
+    measure_schedules(candidates, tasks, target, database, builder, runner, on_batch, "seed")
+    counts: dict[int, int] = {}
+    for index, _, _ in candidates:
+        counts[index] = counts.get(index, 0) + 1
+    return counts
 
 
 def _profile(profiler: Any) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 A loop is *parallel* when no dependence among the statements inside it is carried by it; loops form a
 *permutable band* (tiling and interchange legal) when every dependence not yet satisfied by an outer band
-has a non-negative distance on each of them (Pluto's condition); a *reduction* loop carries only its
+has a non-negative distance on each of them (Pluto's condition), a reduction's accumulation excepted
+(see :func:`is_accumulation`); a *reduction* loop carries only its
 accumulator's dependence, which associativity lets one reorder and rfactor lets one parallelise; a loop is
 *vectorizable* when it is parallel and every statement inside writes consecutive elements along it.
 A producer can be computed at depth ``d`` of its consumer (``compute_at``, without recomputation) when
@@ -115,9 +116,24 @@ def loop_legality(ip: IslProgram, deps: list[DependenceRelation]) -> list[LoopLe
     return result
 
 
+def is_accumulation(dep: DependenceRelation) -> bool:
+    """A reduction statement's dependence on its own accumulator: ``C[i, j] += ...`` over ``k``. Its
+    order matters only up to associativity and commutativity, which reductions have."""
+    statement = dep.source.statement
+    return (
+        dep.source is dep.sink
+        and statement.is_reduction
+        and any(w.tensor.name == dep.dependence.tensor for w in statement.writes())
+    )
+
+
 def _bands(ip: IslProgram, owner: IslStatement, deps: list[DependenceRelation]) -> list[int]:
     """The band index of each of ``owner``'s loops: greedily, a loop joins the current band when every
-    dependence inside it that the earlier bands leave unsatisfied has a non-negative distance on it."""
+    dependence inside it that the earlier bands leave unsatisfied has a non-negative distance on it.
+
+    Accumulations are left out: reordering a reduction's loops (a convolution's ``ry, rx, rc``) only
+    reassociates its sum, which is how TVM, Pluto's reduction support and every BLAS tile reductions."""
+    deps = [d for d in deps if not is_accumulation(d)]
     bands: list[int] = []
     band, band_dims = 0, []  # schedule dims of the loops in the current band
     satisfied_before: list[int] = []  # dims whose bands are closed: dependences must be 0 there to remain

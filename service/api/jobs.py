@@ -71,6 +71,7 @@ def create_job(body: JobIn, state: StateDep, owner: OwnerDep) -> JobOut:
         input_shapes={k: tuple(v) for k, v in (body.input_shapes or {}).items()},
         runner=RunnerSpec.from_dict(body.runner.model_dump()),
         cost_model=body.cost_model,
+        space=body.space,
     )
     return job_out(state.store, submit_job(state.store, spec, owner))
 

@@ -222,3 +222,18 @@ def test_the_closed_form_never_undercounts_on_random_tiles(kernel: str) -> None:
             assert closed[name] >= exact[name], (tile, name)
             if kernel != "dilated":
                 assert closed[name] == exact[name], (tile, name)
+
+
+def test_a_convolution_is_one_permutable_band_with_its_reductions_reorderable() -> None:
+    x = te.placeholder((1, 16, 16, 8), name="x")
+    w = te.placeholder((3, 3, 8, 8), name="w")
+    analysis = analyse_prim_func(te.create_prim_func([x, w, topi.nn.conv2d_nhwc(x, w, 1, 1, 1)]), CACHES)
+    conv = [loop for loop in analysis.loops if loop.statement == "conv2d_nhwc"]
+    assert [loop.loop for loop in conv] == ["nn", "yy", "xx", "ff", "ry", "rx", "rc"]
+    # Reordering ry, rx, rc only reassociates the sum: one band, all seven loops permutable.
+    assert {loop.band for loop in conv} == {0} and all(loop.permutable for loop in conv)
+    assert [loop.parallel for loop in conv] == [True] * 4 + [False] * 3
+    assert [loop.reduction for loop in conv] == [False] * 4 + [True] * 3
+    assert [loop.loop for loop in conv if loop.vectorizable] == ["ff"]
+    summary = analysis.summary(analysis.program.statement("conv2d_nhwc"))
+    assert summary == "carried only by the reduction loops ry, rx, rc"

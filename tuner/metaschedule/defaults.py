@@ -1,4 +1,5 @@
-"""Measures each task's default schedule (``schedules.defaults``) before the search and stores it as a record.
+"""Measures schedules Kiln builds itself before the search and stores them as records: each task's default
+schedule (``schedules.defaults``), and the seeds of a seeded space (``tuner.tune``).
 
 A task a rule serves then starts the search with a good measured candidate: the compiled model uses it
 when nothing the search finds is faster, and the task scheduler stops searching a task whose first batch
@@ -41,8 +42,25 @@ def measure_default_schedules(
         sch = default_schedule(mod, target)
         if sch is not None:
             scheduled.append((index, mod, sch))
+    latencies = measure_schedules(scheduled, tasks, target, database, builder, runner, on_batch, "default")
+    return {index: min(lats) / 1e3 for index, lats in latencies.items()}, len(scheduled)
+
+
+def measure_schedules(
+    scheduled: list[tuple[int, Any, Any]],
+    tasks: list[Any],
+    target: Target,
+    database: Any,
+    builder: Any,
+    runner: Any,
+    on_batch: BatchListener | None,
+    what: str,
+) -> dict[int, list[float]]:
+    """Build and measure ``(task index, task module, schedule)`` candidates in one batch, and store each
+    that runs as a tuning record of its task. Returns the measured latencies (us) by task index; every
+    outcome, failures included, goes to ``on_batch`` as a trial of its task."""
     if not scheduled:
-        return {}, 0
+        return {}
     built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, _, sch in scheduled])
     device = runner_device_type(target)
     futures = iter(
@@ -54,7 +72,7 @@ def measure_default_schedules(
             ]
         )
     )
-    latencies: dict[int, float] = {}
+    latencies: dict[int, list[float]] = {}
     for (index, mod, sch), b in zip(scheduled, built, strict=True):
         failure = build_failure(b)
         if failure is not None:
@@ -72,16 +90,18 @@ def measure_default_schedules(
                         args_info=_args_info(sch),
                     )
                 )
-                latencies[index] = lat / 1e3
+                latencies.setdefault(index, []).append(lat)
         if err is not None:
-            log.warning("default schedule of task %d (%s) failed: %s", index, tasks[index].task_name, err)
+            log.warning("%s schedule of task %d (%s) failed: %s", what, index, tasks[index].task_name, err)
         if on_batch is not None:
             on_batch(TrialBatch(task_index=index, latencies_us=[lat], errors=[err]))
     for b in built:
         if b.artifact_path is not None:
             ms.utils.remove_build_dir(b.artifact_path)
-    return latencies, len(scheduled)
+    return latencies
 
 
 def _args_info(sch: Any) -> list[Any]:
-    return ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])
+    # As MetaSchedule's own candidates: the arguments the built kernel takes, after weight-layout
+    # rewriting (the builder drops the rewrite's preprocessing block).
+    return ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)

@@ -96,6 +96,7 @@ def task_entity(row: TaskRow, shash: str) -> Task:
         workload_hash=shash,
         trials=row.trials,
         best_latency_us=row.best_latency_us,
+        search_stats=json.loads(row.search_stats_json) if row.search_stats_json else None,
     )
 
 

@@ -143,6 +143,8 @@ class TaskRow(Base):
     trials: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     best_latency_us: Mapped[float | None] = mapped_column(sa.Float)
     position: Mapped[int] = mapped_column(sa.Integer)
+    #: What the schedule space's hooks did in the task's search (JSON), for spaces that keep statistics.
+    search_stats_json: Mapped[str | None] = mapped_column(sa.Text)
 
 
 class TuningRecordRow(Base):

@@ -115,6 +115,17 @@ class RecordQueries(StoreBase):
             shash = s.scalar(sa.select(WorkloadRow.shash).where(WorkloadRow.id == row.workload_id))
             return task_entity(row, shash or "")
 
+    def set_search_stats(self, task_id: int, stats: dict[str, int]) -> Task:
+        """Keep what the space's hooks did in a task's search (replacing an earlier attempt's figures)."""
+        with self.session_scope() as s:
+            row = s.get(TaskRow, task_id)
+            if row is None:
+                raise NotFound(f"task {task_id} not found")
+            row.search_stats_json = json.dumps(stats)
+            s.flush()
+            shash = s.scalar(sa.select(WorkloadRow.shash).where(WorkloadRow.id == row.workload_id))
+            return task_entity(row, shash or "")
+
     # ---- tuning records ---------------------------------------------------------------------------------
 
     def add_record(

@@ -1,0 +1,194 @@
+"""Multi-level tilings of a statement, read as MetaSchedule samples them (one perfect tile per loop, one
+factor per occurrence of the loop's kind in the tiling structure, e.g. ``SSRSRS``), their footprints at
+each level against the caches, and an analytic ranking of tilings for seeding the search.
+
+Pure Python over a :class:`~schedules.poly.program.Statement`: the search calls these per candidate.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schedules.poly.caches import CacheHierarchy
+from schedules.poly.footprint import tile_footprint_bytes
+from schedules.poly.program import LoopKind, Statement
+
+#: Cache levels each cut of an ``SSRSRS`` tiling should fit in: the data one iteration of the loop at
+#: that position touches. Below the outer reduction loop (``R0``) the tile streams its inner reduction
+#: chunk through L1; below the inner spatial loops of the middle level (``S2``), registers and L1.
+DEFAULT_CUT_LEVELS = {"S2": "L1d", "R0": "L2", "S1": "L3"}
+#: Independent FMA chains that hide the FMA latency (the roofline kernel's count, tuner/roofline.py).
+FMA_CHAINS = 12
+#: Vector registers the accumulators may use before they spill (32 with AVX-512, 16 without).
+_ACCUMULATOR_REGISTERS = {16: 28, 8: 12, 4: 12}
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """One factor list per loop of the statement (outermost factor first), under ``structure``."""
+
+    structure: str
+    factors: tuple[tuple[int, ...], ...]
+
+
+def _kind_char(kind: LoopKind) -> str:
+    return "R" if kind is LoopKind.REDUCTION else "S"
+
+
+def cut_names(structure: str) -> list[str]:
+    """``SSRSRS`` -> ``["S0", "S1", "R0", "S2", "R1", "S3"]``: the name of each position."""
+    counts = {"S": 0, "R": 0}
+    names = []
+    for char in structure:
+        names.append(f"{char}{counts[char]}")
+        counts[char] += 1
+    return names
+
+
+def tile_below(statement: Statement, tiling: Tiling, position: int) -> tuple[int, ...]:
+    """Per loop, the iterations of one tile below position ``position`` of the structure (the product of
+    the loop's factors at deeper positions of its kind)."""
+    extents = []
+    for loop, factors in zip(statement.loops, tiling.factors, strict=True):
+        char = _kind_char(loop.kind)
+        deeper = tiling.structure[position + 1 :].count(char)
+        extents.append(math.prod(factors[len(factors) - deeper :]) if deeper else 1)
+    return tuple(extents)
+
+
+def cut_footprints(statement: Statement, tiling: Tiling) -> dict[str, int]:
+    """Bytes one iteration of each position's loops touches (all tensors together), by position name."""
+    return {
+        name: sum(tile_footprint_bytes(statement, tile_below(statement, tiling, position)).values())
+        for position, name in enumerate(cut_names(tiling.structure))
+    }
+
+
+def overflows(
+    statement: Statement,
+    tiling: Tiling,
+    caches: CacheHierarchy,
+    margin: float,
+    cut_levels: dict[str, str] = DEFAULT_CUT_LEVELS,
+) -> list[str]:
+    """The cuts whose footprint exceeds its cache level by more than ``margin`` (0.5: 50 % over), as
+    ``"R0: 1.6 MiB > L2 1.0 MiB"``; empty when the tiling fits, or when the caches are unknown."""
+    sizes = {level.name: level.bytes for level in caches.levels}
+    footprints = cut_footprints(statement, tiling)
+    problems = []
+    for cut, level in cut_levels.items():
+        if cut in footprints and level in sizes and footprints[cut] > sizes[level] * (1 + margin):
+            problems.append(
+                f"{cut}: {footprints[cut] / 1024:.0f} KiB > {level} {sizes[level] / 1024:.0f} KiB"
+            )
+    return problems
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _random_perfect_tile(rng: random.Random, extent: int, parts: int, max_innermost: int) -> tuple[int, ...]:
+    """A random factorisation of ``extent`` into ``parts`` (MetaSchedule's ``sample_perfect_tile``)."""
+    inner = rng.choice([d for d in divisors(extent) if d <= max_innermost])
+    rest = extent // inner
+    factors = []
+    for _ in range(parts - 2):
+        f = rng.choice(divisors(rest))
+        factors.append(f)
+        rest //= f
+    return (rest, *factors, inner) if parts > 1 else (extent,)
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    """What the ranking knows of the machine: vector lanes, threads, caches, and the bandwidth (bytes per
+    FMA-instruction cycle) of each level relative to the compute peak."""
+
+    lanes: int
+    threads: int
+    caches: CacheHierarchy
+    #: Bytes per cycle a core can take from the level below each cache, and from memory (all cores share).
+    level_bandwidth: tuple[float, ...] = (64.0, 32.0, 16.0)
+    memory_bandwidth: float = 8.0
+
+
+def modelled_cycles(statement: Statement, tiling: Tiling, machine: MachineModel) -> float:
+    """A roofline-style estimate of the tiling's cycles per thread: the larger of its vector FMA cycles
+    (inefficient when the vector loop's innermost factor wastes lanes or too few accumulators hide the
+    FMA latency) and the cycles to move each cut's data into the cache it fits in, divided over the
+    threads the outer spatial loops can feed."""
+    loops = statement.loops
+    iterations = math.prod(loop.extent for loop in loops)
+    inner = [f[-1] for f in tiling.factors]
+    spatial = [i for i, loop in enumerate(loops) if loop.kind is not LoopKind.REDUCTION]
+    vector = spatial[-1] if spatial else len(loops) - 1
+    lanes_used = inner[vector]
+    vector_ops = math.ceil(lanes_used / machine.lanes)
+    lane_efficiency = lanes_used / (vector_ops * machine.lanes)
+    accumulators = vector_ops * math.prod(inner[i] for i in spatial if i != vector)
+    registers = _ACCUMULATOR_REGISTERS.get(machine.lanes, 12)
+    chain_efficiency = min(1.0, accumulators / FMA_CHAINS)
+    if accumulators > registers:
+        chain_efficiency *= registers / accumulators
+    compute = iterations / machine.lanes / (lane_efficiency * chain_efficiency)
+    # Data movement: each cache level is filled by the outermost cut that fits in it, once per tile.
+    names = cut_names(tiling.structure)
+    memory = 0.0
+    bandwidths = list(machine.level_bandwidth)
+    levels = list(machine.caches.levels)
+    for index, level in enumerate(levels):
+        fitting = None
+        for position in range(len(names)):
+            tile = tile_below(statement, tiling, position)
+            footprint = sum(tile_footprint_bytes(statement, tile).values())
+            if footprint <= level.bytes:
+                fitting = (tile, footprint)
+                break
+        if fitting is None:
+            tile = tile_below(statement, tiling, len(names) - 1)
+            fitting = (tile, sum(tile_footprint_bytes(statement, tile).values()))
+        tile, footprint = fitting
+        tiles = iterations / math.prod(tile)
+        bandwidth = bandwidths[index] if index < len(bandwidths) else machine.memory_bandwidth
+        memory = max(memory, tiles * footprint / bandwidth)
+    outer = math.prod(f[0] for i, f in enumerate(tiling.factors) if i in spatial) if spatial else 1
+    threads_used = min(machine.threads, outer)
+    balance = (
+        outer / (math.ceil(outer / machine.threads) * machine.threads) if outer >= machine.threads else 1.0
+    )
+    return max(compute, memory) / max(1, threads_used) / balance
+
+
+def rank_tilings(
+    statement: Statement,
+    structure: str,
+    machine: MachineModel,
+    count: int,
+    samples: int = 2000,
+    max_innermost: int = 64,
+    seed: int = 0,
+) -> list[Tiling]:
+    """The ``count`` best of ``samples`` random tilings by :func:`modelled_cycles`, distinct."""
+    rng = random.Random(seed)
+    parts = {"S": structure.count("S"), "R": structure.count("R")}
+    scored: dict[Tiling, float] = {}
+    for _ in range(samples):
+        factors = tuple(
+            _random_perfect_tile(rng, loop.extent, parts[_kind_char(loop.kind)], max_innermost)
+            for loop in statement.loops
+        )
+        tiling = Tiling(structure, factors)
+        if tiling not in scored:
+            scored[tiling] = modelled_cycles(statement, tiling, machine)
+    return sorted(scored, key=scored.__getitem__)[:count]
+
+
+def matches(statement: Statement, factors: Sequence[Sequence[int]]) -> bool:
+    """Whether per-loop factor lists tile exactly this statement's loops."""
+    return len(factors) == len(statement.loops) and all(
+        math.prod(f) == loop.extent for f, loop in zip(factors, statement.loops, strict=True)
+    )
