@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
 from rich.table import Table
 from rich.text import Text
@@ -156,4 +157,98 @@ def print_outcome(job: Job) -> None:
         console.print(
             f"untuned TVM {job.baseline_latency_ms:.3f} ms -> tuned {job.tuned_latency_ms:.3f} ms: "
             f"[bold green]{job.speedup:.1f}x faster[/]"
+        )
+
+
+def _kib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+
+def print_polyhedral(title: str, report: dict[str, Any]) -> None:
+    """A task's polyhedral analysis (the JSON of the API's polyhedral routes), as tables."""
+    console.rule(f"[bold]{title}")
+    if "error" in report:
+        console.print(f"[yellow]no polyhedral model: {escape(report['error'])}")
+        return
+    # isl's notation is full of brackets, which rich would take for markup.
+    console.print(f"domain: {escape(report['domain'])}")
+    for line in report["inexact"]:
+        console.print(f"[yellow]inexact:[/] {escape(line)}")
+    if report.get("fallback"):
+        console.print(f"[yellow]{escape(report['fallback'])}")
+    for s in report["statements"]:
+        console.print(f"{escape(s['name'])} ({s['isl_name']}) dependences: {escape(s['dependence_summary'])}")
+    loops = Table(title="loops: what the dependences allow", title_justify="left")
+    for col in (
+        "statement",
+        "loop",
+        "extent",
+        "kind",
+        "parallel",
+        "band",
+        "permutable",
+        "reduction",
+        "vector",
+    ):
+        loops.add_column(col, justify="right" if col in ("extent", "band") else "left")
+    yes = {True: "yes", False: "-"}
+    for loop in report["loops"]:
+        loops.add_row(
+            escape(loop["statement"]),
+            escape(loop["loop"]),
+            str(loop["extent"]),
+            loop["kind"],
+            yes[loop["parallel"]],
+            str(loop["band"]),
+            yes[loop["permutable"]],
+            "rfactor" if loop["reduction"] else "-",
+            yes[loop["vectorizable"]],
+        )
+    console.print(loops)
+    deps = Table(title="dependences (memory-based)", title_justify="left")
+    for col in ("kind", "source -> sink", "tensor", "distance", "carried by"):
+        deps.add_column(col)
+    for d in report["dependences"]:
+        deps.add_row(
+            d["kind"],
+            escape(f"{d['source']} -> {d['sink']}"),
+            escape(d["tensor"]),
+            d["distance"] or "-",
+            escape(", ".join(d["carried_by"])) or "textual order",
+        )
+    console.print(deps)
+    for f in report["fusion"]:
+        shared = f" (under {', '.join(f['shared_loops'])})" if f["shared_loops"] else ""
+        console.print(
+            escape(
+                f"fusion: {f['producer']} can be computed at depth {f['depth']} of {f['consumer']}{shared}"
+            )
+        )
+    caches = report["caches"]
+    sizes = ", ".join(f"{c['name']} {_kib(c['bytes'])}" for c in caches["levels"]) or "unknown: no pruning"
+    console.print(f"caches ({caches['source']}): {sizes}")
+    best = report.get("best_schedule")
+    if best:
+        for tiling in best["tilings"]:
+            cuts = Table(
+                title=f"best schedule's tiles of {tiling['statement']} ({tiling['structure']})",
+                title_justify="left",
+            )
+            for col in ("cut", "tile", "bytes", "held against"):
+                cuts.add_column(col)
+            for cut in tiling["cuts"]:
+                against = f"{cut['cache_level']} {_kib(cut['cache_bytes'])}" if cut["cache_level"] else "-"
+                cuts.add_row(cut["cut"], "x".join(map(str, cut["tile"])), _kib(cut["total_bytes"]), against)
+            console.print(cuts)
+            inside = tiling["inside_feasible_set"]
+            console.print(
+                f"inside the predicted-feasible set: {'unknown' if inside is None else yes[inside]}"
+            )
+        if best.get("note"):
+            console.print(escape(best["note"]))
+    search = report.get("search")
+    if search and search.get("examined") is not None:
+        console.print(
+            f"search ({search['space']}): {search['rejected']} of {search['examined']} candidates rejected, "
+            f"{search['passed_through']} passed through, {search['seeds']} seeds measured"
         )

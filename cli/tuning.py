@@ -20,6 +20,7 @@ from cli.render import (
     fusion_line,
     print_latency_report,
     print_outcome,
+    print_polyhedral,
     print_tuning_time,
     task_table,
 )
@@ -138,6 +139,13 @@ def tasks(
     show_tir: Annotated[
         str | None, typer.Option(help="Print the unscheduled TIR of this task (name or #)")
     ] = None,
+    poly: Annotated[
+        bool,
+        typer.Option(
+            "--poly",
+            help="Print each task's polyhedral analysis: domain, dependences, loop legality, fusion depths",
+        ),
+    ] = False,
 ) -> None:
     """Show the fused kernels (tuning tasks) of a model without tuning it."""
     from tuner.frontend import load_model, parse_input_shapes
@@ -165,6 +173,16 @@ def tasks(
         if not chosen:
             raise KilnError(f"no task {show_tir!r}; tasks: {', '.join(i.name for i in plan.infos)}")
         console.print(chosen[0].tir)
+    if poly:
+        from schedules.poly.analysis import analyse_prim_func
+        from tuner.job import measuring_caches
+        from tuner.targets import is_host_cpu
+
+        caches = measuring_caches(settings, is_host_cpu(resolve_target(target)))
+        for i, (task, info) in enumerate(zip(plan.tasks, plan.infos, strict=True)):
+            print_polyhedral(
+                f"#{i} {info.name}", analyse_prim_func(task.dispatched[0]["main"], caches).to_json()
+            )
 
 
 @app.command()

@@ -120,6 +120,9 @@ class TaskInfo:
     flops: float
     workload_hash: str
     tir: str  # TVMScript of the fused PrimFunc before scheduling
+    #: The polyhedral analysis of that PrimFunc (schedules.poly, without cache sizes), as JSON; an
+    #: ``{"error": ...}`` when it failed.
+    polyhedral: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,17 @@ from typing import Any
 
 import tuner
 from kiln_tvm import ms, s_tir
+from schedules.poly.analysis import PolyhedralAnalysis, analyse_prim_func
+from schedules.poly.caches import UNKNOWN, CacheHierarchy
+from schedules.poly.report import tiling_report
 from tuner.entities import FusionSummary, Job, ModelInfo, ModelPlan, PlanError, Task, TaskInfo
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
+from tuner.job import measuring_caches, space_options
 from tuner.models import model_file
 from tuner.sandbox import Cancelled, ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
-from tuner.targets import canonical_target_key, resolve_target
+from tuner.targets import canonical_target_key, is_host_cpu, resolve_target
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,11 @@ class BestSchedule:
     trace: str  # the schedule as the Python calls that build it
     tir: str  # the scheduled PrimFunc as TVMScript
     trace_json: Any
+
+
+#: Bumped when what a stored plan holds changes (2: the tasks' polyhedral analyses), so older plans are
+#: planned again rather than served without it.
+PLAN_FORMAT = 2
 
 
 def plan_model(
@@ -59,6 +68,7 @@ def plan_model(
         "fast_math": settings.fast_math,
         "memory_mb": settings.import_memory_mb,
         "kiln": tuner.__version__,
+        "plan_format": PLAN_FORMAT,
     }
     plan_key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()
     stored = store.get_model_plan(model.id, plan_key)
@@ -253,6 +263,71 @@ def _elapsed(job: Job, at: datetime) -> float:
     return max(0.0, (at - job.created_at).total_seconds())
 
 
+_ANALYSES: dict[int, PolyhedralAnalysis] = {}
+_ANALYSES_KEPT = 256
+_analyses_guard = threading.Lock()
+
+
+def _workload_analysis(store: Store, workload_id: int) -> PolyhedralAnalysis:
+    """The polyhedral analysis of a stored workload, computed once per process (workloads never change)."""
+    with _analyses_guard:
+        found = _ANALYSES.get(workload_id)
+    if found is None:
+        workload = ms.database.Workload.from_json(json.loads(store.get_workload_json(workload_id)))
+        found = analyse_prim_func(workload.mod["main"], UNKNOWN)
+        with _analyses_guard:
+            if len(_ANALYSES) >= _ANALYSES_KEPT:
+                _ANALYSES.pop(next(iter(_ANALYSES)))
+            _ANALYSES[workload_id] = found
+    return found
+
+
+def task_polyhedral(store: Store, settings: Settings, job: Job, task: Task) -> dict[str, Any]:
+    """A job's task through the polyhedral layer: the analysis of its TIR, the caches the job's space holds
+    tiles against (and where their sizes came from), the footprints of the best schedule's tiles, and
+    what the space's hooks did in the search."""
+    analysis = _workload_analysis(store, task.workload_id)
+    caches = space_options(settings, job.spec).caches
+    report = {**analysis.to_json(), "caches": caches.to_json()}
+    found = store.best_record(task.workload_id, job.target_key, settings.record_scope(job.owner))
+    best: list[dict[str, Any]] | None = None
+    if found is not None:
+        workload = ms.database.Workload.from_json(json.loads(found.workload_json))
+        record = ms.database.TuningRecord.from_json(json.loads(found.record_json), workload)
+        best = tiling_report(analysis.program, record.trace, caches, settings.poly_margin)
+    report["best_schedule"] = {
+        "latency_us": found.mean_run_sec * 1e6 if found is not None else None,
+        "tilings": best or [],
+        "note": (
+            "no measured schedule yet"
+            if found is None
+            else None
+            if best
+            else "the best schedule has no multi-level tiling of a modelled block (a rule's schedule, or a "
+            "kernel the tiling rule does not apply to)"
+        ),
+    }
+    report["search"] = {"space": job.spec.space, **(task.search_stats or {})}
+    return report
+
+
+def preview_caches(settings: Settings, target: str | dict[str, Any]) -> CacheHierarchy:
+    """The caches a preview holds tiles against: this machine's for a target that runs here, the settings'
+    sizes for remote devices otherwise."""
+    return measuring_caches(settings, is_host_cpu(resolve_target(target)))
+
+
+def planned_task_polyhedral(plan: ModelPlan, index: int, caches: CacheHierarchy) -> dict[str, Any]:
+    """A planned (untuned) task's polyhedral analysis, with the caches the ``cpu-poly`` space would use."""
+    if not 0 <= index < len(plan.tasks):
+        raise NotFound(f"the model has {len(plan.tasks)} tasks on this target; there is no task {index}")
+    found = plan.tasks[index].polyhedral
+    if found is None or "error" in found:
+        reason = found["error"] if found else "no analysis was kept with this plan"
+        raise NotFound(f"no polyhedral analysis of task {index}: {reason}")
+    return {**found, "caches": caches.to_json(), "best_schedule": None, "search": None}
+
+
 def task_tir(store: Store, task: Task) -> str:
     """The task's TIR before scheduling (TVMScript)."""
     return store.get_workload_script(task.workload_id)
@@ -266,7 +341,10 @@ __all__ = [
     "best_schedule",
     "job_curve",
     "plan_model",
+    "planned_task_polyhedral",
+    "preview_caches",
     "task_curve",
+    "task_polyhedral",
     "task_tir",
     "time_shares",
 ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedules.poly.caches import UNKNOWN, host_caches, parse_cache_spec
+from schedules.poly.caches import UNKNOWN, CacheHierarchy, host_caches, parse_cache_spec
 from schedules.spaces import SpaceOptions, check_space, default_space_name
 from tuner.artifact import export_library, pack_artifact
 from tuner.compile import build_tuned, build_untuned, random_inputs
@@ -99,15 +99,19 @@ def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
         check_given_shape(declared[name], tuple(shape))
 
 
+def measuring_caches(settings: Settings, runs_here: bool) -> CacheHierarchy:
+    """The caches of the device a job measures on: this machine's (or the settings'), or, for remote
+    devices, only the sizes the settings give for them (unknown without: no cache-based pruning)."""
+    if runs_here:
+        return host_caches(settings.cache_sizes)
+    if settings.rpc_cache_sizes:
+        return parse_cache_spec(settings.rpc_cache_sizes, source="settings (rpc devices)")
+    return UNKNOWN
+
+
 def space_options(settings: Settings, spec: JobSpec) -> SpaceOptions:
-    """What the job's space may assume of the measuring device: this machine's caches (or the settings'),
-    or, over RPC, only the sizes the settings give for remote devices."""
-    if spec.runner.is_local:
-        caches = host_caches(settings.cache_sizes)
-    elif settings.rpc_cache_sizes:
-        caches = parse_cache_spec(settings.rpc_cache_sizes, source="settings (rpc devices)")
-    else:
-        caches = UNKNOWN
+    """What the job's space may assume of the measuring device, and the settings of its hooks."""
+    caches = measuring_caches(settings, spec.runner.is_local)
     return SpaceOptions(caches, settings.poly_margin, settings.poly_pass_through, settings.poly_seeds)
 
 

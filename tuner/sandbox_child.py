@@ -73,11 +73,26 @@ def op_plan(
 
     imported = load_model(Path(path), _shapes(input_shapes), max_unpacked_bytes=max_unpacked_mb << 20)
     plan = plan_graph(imported.mod, to_tvm_target(target), weight_prepack, conv_layout, fast_math)  # type: ignore[arg-type]
+    infos = [
+        dataclasses.replace(info, polyhedral=_polyhedral(task.dispatched[0]))
+        for task, info in zip(plan.tasks, plan.infos, strict=True)
+    ]
     return {
-        "tasks": [dataclasses.asdict(info) for info in plan.infos],
+        "tasks": [dataclasses.asdict(info) for info in infos],
         "fusion": dataclasses.asdict(plan.fusion),
         "graph": plan.lowered.script(),
     }
+
+
+def _polyhedral(mod: Any) -> dict[str, Any]:
+    """A task's polyhedral analysis as JSON (cache sizes are the caller's to add), or why it failed."""
+    from schedules.poly.analysis import analyse_prim_func
+    from schedules.poly.caches import UNKNOWN
+
+    try:
+        return analyse_prim_func(mod["main"], UNKNOWN).to_json()
+    except Exception as exc:  # noqa: BLE001 - one kernel the analysis cannot read must not fail the plan
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 OPS = {"inspect": op_inspect, "plan": op_plan}

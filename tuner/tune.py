@@ -298,11 +298,18 @@ def _measure_seeds(
     on_batch: BatchListener | None,
     limit: int | None,
 ) -> dict[int, int]:
-    """Measure and store each task's seed schedules (one batch for all tasks); returns how many each got."""
+    """Measure and store each task's seed schedules (one batch for all tasks); returns how many each got.
+
+    Within a trial ``limit``, each task gets at most half of its share of it, so that a small budget still
+    measures every task and leaves the search its turn.
+    """
     machine = MachineModel(fp32_lanes(target), cores, config.space_options.caches)
+    per_task = config.space_options.seeds
+    if limit is not None:
+        per_task = min(per_task, max(1, limit // (2 * len(tasks))))
     candidates = []
     for index, context in enumerate(contexts):
-        for sch in seed_schedules(context, machine, config.space_options.seeds):
+        for sch in seed_schedules(context, machine, per_task):
             if limit is not None and len(candidates) >= limit:
                 break
             candidates.append((index, tasks[index].dispatched[0], sch))

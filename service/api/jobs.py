@@ -15,6 +15,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from service.deps import OwnerDep, StateDep
 from service.disconnect import while_connected
+from service.polyhedral_schema import PolyhedralOut
 from service.schemas import (
     BestOut,
     CurveOut,
@@ -161,6 +162,19 @@ async def job_graph(request: Request, job_id: str, state: StateDep, owner: Owner
 
     found = await while_connected(request, plan)
     return GraphOut.from_entity(found, fusion=FusionOut.of(found.fusion))
+
+
+@router.get(
+    "/{job_id}/tasks/{task_id}/polyhedral",
+    response_model=PolyhedralOut,
+    responses=ERRORS,
+    summary="A task's loop nest through the polyhedral layer: domain, accesses, dependences, legality, "
+    "fusion depths, the best schedule's tiles against the caches, and what the space pruned",
+)
+def task_polyhedral(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> PolyhedralOut:
+    job = state.store.get_job(job_id, owner)
+    task = _task(state.store, job, task_id)
+    return PolyhedralOut.model_validate(inspection.task_polyhedral(state.store, state.settings, job, task))
 
 
 @router.get(

@@ -14,10 +14,11 @@ from fastapi.concurrency import run_in_threadpool
 
 from service.deps import OwnerDep, StateDep
 from service.disconnect import while_connected
+from service.polyhedral_schema import PolyhedralOut
 from service.schemas import ErrorOut, ModelOut, ModelTasksOut
 from tuner.entities import ModelInfo, ModelPlan
 from tuner.errors import InvalidSpec
-from tuner.inspection import plan_model
+from tuner.inspection import plan_model, planned_task_polyhedral, preview_caches
 from tuner.models import UPLOAD_SPOOL_PREFIX, base_name, register_model, safe_file_name, upload_spool
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])
@@ -142,3 +143,31 @@ async def model_tasks(
 
     found = await while_connected(request, plan)
     return ModelTasksOut.of(model_id, found.target_key, found.tasks, found.fusion)
+
+
+@router.get(
+    "/{model_id}/tasks/{index}/polyhedral",
+    response_model=PolyhedralOut,
+    responses=ERRORS,
+    summary="One planned task (by its index in the preview) through the polyhedral layer, without tuning",
+)
+async def model_task_polyhedral(
+    request: Request,
+    model_id: str,
+    index: int,
+    state: StateDep,
+    owner: OwnerDep,
+    target: Annotated[str, Query(description="'host' or a TVM target as JSON", max_length=4096)] = "host",
+    input_shapes: Annotated[
+        str | None, Query(description='JSON, e.g. {"x": [1, 16]}', max_length=4096)
+    ] = None,
+) -> PolyhedralOut:
+    shapes = parse_shapes(input_shapes)
+
+    def plan(client_gone: Callable[[], bool]) -> ModelPlan:
+        model = state.store.get_model(model_id, owner)
+        return plan_model(state.store, state.settings, state.sandbox, model, target, shapes, client_gone)
+
+    found = await while_connected(request, plan)
+    caches = preview_caches(state.settings, target)
+    return PolyhedralOut.model_validate(planned_task_polyhedral(found, index, caches))

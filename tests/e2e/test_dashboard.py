@@ -82,6 +82,7 @@ def test_upload_tune_watch_inspect_download(
 
     page.fill("#trials", "8")
     page.fill("#time-budget", "10")  # minutes; the 8 trials end first
+    page.select_option("#space", "cpu-poly")
     page.click("#start-job")
     page.wait_for_url("**/#/jobs/*")
     job_id = page.url.rsplit("/", 1)[1]
@@ -112,6 +113,7 @@ def test_upload_tune_watch_inspect_download(
     assert bars.count() == 3
     assert page.locator("#latency-bars .bar[data-name=onnxruntime]").count() == 1
 
+    OUTPUT.mkdir(exist_ok=True)
     # Compiler view of the second task: TIR before, tuned TIR, trace, highlighted.
     second = page.locator("#compiler-task option").nth(1).get_attribute("value")
     page.select_option("#compiler-task", second)
@@ -127,7 +129,21 @@ def test_upload_tune_watch_inspect_download(
         or "kernels" in page.locator("#graph-details summary").inner_text()
     )
 
-    OUTPUT.mkdir(exist_ok=True)
+    # The Polyhedral tab of the same task: dependence summary and legality grid as tables, the best
+    # schedule's tiles as bars against the caches (or why there are none), the space's pruning figures.
+    page.click(".tabs button[data-tab=polyhedral]")
+    page.locator("#poly-legality tbody tr").first.wait_for(timeout=60_000)
+    assert page.locator("#compiler-view").is_hidden()
+    assert "carried only by the reduction loop k" in page.locator("#poly-summary").inner_text()
+    grid = page.locator("#poly-legality").inner_text()
+    assert "reduction" in grid and "spatial" in grid
+    assert "S0[" in page.locator("#poly-domain").inner_text()
+    assert "cpu-poly" in page.locator("#poly-search").inner_text()
+    assert page.locator("#poly-view .footprints .bar").count() + page.locator("#poly-no-tiles").count() >= 1
+    page.screenshot(path=str(OUTPUT / "job-polyhedral.png"), full_page=True)
+    page.click(".tabs button[data-tab=schedule]")
+    assert page.locator("#poly-view").is_hidden() and page.locator("#compiler-view").is_visible()
+
     page.screenshot(path=str(OUTPUT / "job-page.png"), full_page=True)
 
     with page.expect_download() as download_info:

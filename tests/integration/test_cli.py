@@ -43,6 +43,18 @@ def test_tasks_show_tir_prints_unscheduled_tir(tmp_path: Path) -> None:
     assert "T.prim_func" in done.stdout
 
 
+def test_tasks_poly_prints_each_tasks_polyhedral_analysis(tmp_path: Path) -> None:
+    done = kiln("tasks", str(CNN), "--poly", data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.count("domain: {") >= 2 and "S0[" in out  # isl's notation, brackets and all
+    assert "dependences: carried only by the reduction loops" in out
+    assert "loops: what the dependences allow" in out and "rfactor" in out
+    assert "RAW" in out and "textual order" in out
+    assert "can be computed at depth" in out
+    assert "caches (" in out
+
+
 def test_corrupt_model_exits_2_with_the_reason(tmp_path: Path) -> None:
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model at all")

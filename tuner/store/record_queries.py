@@ -60,6 +60,14 @@ class RecordQueries(StoreBase):
                 raise NotFound(f"workload {workload_id} not found")
             return script
 
+    def get_workload_json(self, workload_id: int) -> str:
+        """MetaSchedule's JSON of a workload (``Workload.from_json`` reads it back)."""
+        with self.session_scope(write=False) as s:
+            found = s.scalar(sa.select(WorkloadRow.workload_json).where(WorkloadRow.id == workload_id))
+            if found is None:
+                raise NotFound(f"workload {workload_id} not found")
+            return found
+
     # ---- tasks ------------------------------------------------------------------------------------------
 
     def add_tasks(self, job_id: str, tasks: list[dict[str, Any]]) -> list[Task]:

@@ -1,16 +1,41 @@
-// The compiler view: a task's TIR before scheduling, its tuned TIR and trace; the fused Relax program.
+// The compiler view: per task, its TIR before scheduling, tuned TIR and trace ("Schedule"), or its
+// polyhedral analysis ("Polyhedral", loaded when opened); and the fused Relax program.
 
 import { api } from "../api.js";
 import { code } from "../chart.js";
 import { errorBox, fill, fmtUs, h } from "../dom.js";
+import { polyhedralTab } from "./polyhedral.js";
 import { taskPicker } from "./tasks.js";
 
 export function compilerView(jobId) {
   const kernel = h("div", { id: "compiler-view" });
+  const poly = polyhedralTab(jobId);
   const graph = h("div", { class: "graph", id: "graph-view" });
-  const picker = taskPicker("compiler-task", (taskId) => showTask(taskId));
+  let tab = "schedule";
+  const tabs = h("div", { class: "tabs", role: "tablist" },
+    [["schedule", "Schedule"], ["polyhedral", "Polyhedral"]].map(([key, label]) => h("button", {
+      role: "tab", dataset: { tab: key }, "aria-selected": key === tab ? "true" : "false",
+      onclick: () => { tab = key; openTab(); },
+    }, label)));
 
-  async function showTask(taskId) {
+  function openTab() {
+    for (const b of tabs.children) b.setAttribute("aria-selected", b.dataset.tab === tab ? "true" : "false");
+    kernel.hidden = tab !== "schedule";
+    poly.el.hidden = tab !== "polyhedral";
+    const taskId = Number(picker.el.value);
+    if (!taskId) return;
+    if (tab === "polyhedral") poly.show(taskId);
+    else showSchedule(taskId);
+  }
+
+  const picker = taskPicker("compiler-task", () => openTab());
+
+  function showTask(taskId) {
+    picker.el.value = String(taskId);
+    openTab();
+  }
+
+  async function showSchedule(taskId) {
     fill(kernel, h("p", { class: "muted" }, "Loading…"));
     try {
       const best = await api(`jobs/${jobId}/tasks/${taskId}/best`);
@@ -40,7 +65,7 @@ export function compilerView(jobId) {
   }
 
   return {
-    el: h("div", { class: "card" }, h("h2", {}, "Compiler view"), h("p", {}, "Task ", picker.el), kernel, graph),
+    el: h("div", { class: "card" }, h("h2", {}, "Compiler view"), h("p", {}, "Task ", picker.el, " ", tabs), kernel, poly.el, graph),
     setTasks: picker.render,
     selectedTask: () => Number(picker.el.value),
     showTask,

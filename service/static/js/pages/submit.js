@@ -82,6 +82,11 @@ function jobForm() {
   const seed = h("input", { type: "number", id: "seed", min: 0, value: 0 });
   const runner = h("select", { id: "runner" }, h("option", { value: "local" }, "local (measure on the worker)"));
   const costModel = h("select", { id: "cost-model" }, h("option", { value: "xgb" }, "XGBoost"), h("option", { value: "random" }, "random"));
+  const space = h("select", { id: "space" },
+    h("option", { value: "" }, "the target's default"),
+    h("option", { value: "cpu" }, "cpu: MetaSchedule's rules"),
+    h("option", { value: "cpu-poly" }, "cpu-poly: shaped by the polyhedral analysis"),
+    h("option", { value: "gpu" }, "gpu (CUDA targets)"));
   const jobError = h("div", {});
   const preview = h("div", { id: "task-preview" });
   const start = h("button", { type: "submit", class: "primary", id: "start-job", disabled: true }, "Start tuning");
@@ -122,6 +127,7 @@ function jobForm() {
     if (trials.value !== "") body.trials = Number(trials.value);
     if (minutes.value !== "" && Number(minutes.value) > 0) body.time_budget_s = Number(minutes.value) * 60;
     if (perTask.value) body.max_trials_per_task = Number(perTask.value);
+    if (space.value) body.space = space.value;
     if (runner.value.startsWith("rpc:")) {
       const [, tracker, key] = runner.value.split("|");
       body.runner = { kind: "rpc", tracker, key };
@@ -143,7 +149,7 @@ function jobForm() {
       h("label", {}, "Time budget (minutes)", minutes),
       h("label", {}, "At most per task", perTask),
       h("label", {}, "Seed", seed)),
-    h("div", { class: "row" }, h("label", {}, "Runner", runner), h("label", {}, "Cost model", costModel)),
+    h("div", { class: "row" }, h("label", {}, "Runner", runner), h("label", {}, "Cost model", costModel), h("label", {}, "Schedule space", space)),
     h("div", { class: "actions" }, start),
     jobError);
 
