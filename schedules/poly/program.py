@@ -49,13 +49,6 @@ class Tensor:
     shape: tuple[int, ...]
     dtype_bytes: int
 
-    @property
-    def elements(self) -> int:
-        total = 1
-        for dim in self.shape:
-            total *= dim
-        return total
-
 
 @dataclass(frozen=True)
 class Access:

@@ -119,6 +119,23 @@ def get_model(model_id: str, state: StateDep, owner: OwnerDep) -> ModelOut:
     return ModelOut.of(state.store.get_model(model_id, owner))
 
 
+TargetQuery = Annotated[str, Query(description="'host' or a TVM target as JSON", max_length=4096)]
+ShapesQuery = Annotated[str | None, Query(description='JSON, e.g. {"x": [1, 16]}', max_length=4096)]
+
+
+async def _planned(
+    request: Request, state: StateDep, owner: str, model_id: str, target: str, input_shapes: str | None
+) -> ModelPlan:
+    """The model's plan for ``target`` (planned once in the sandbox, then kept), abandoned with the client."""
+    shapes = parse_shapes(input_shapes)
+
+    def plan(client_gone: Callable[[], bool]) -> ModelPlan:
+        model = state.store.get_model(model_id, owner)
+        return plan_model(state.store, state.settings, state.sandbox, model, target, shapes, client_gone)
+
+    return await while_connected(request, plan)
+
+
 @router.get(
     "/{model_id}/tasks",
     response_model=ModelTasksOut,
@@ -130,18 +147,10 @@ async def model_tasks(
     model_id: str,
     state: StateDep,
     owner: OwnerDep,
-    target: Annotated[str, Query(description="'host' or a TVM target as JSON", max_length=4096)] = "host",
-    input_shapes: Annotated[
-        str | None, Query(description='JSON, e.g. {"x": [1, 16]}', max_length=4096)
-    ] = None,
+    target: TargetQuery = "host",
+    input_shapes: ShapesQuery = None,
 ) -> ModelTasksOut:
-    shapes = parse_shapes(input_shapes)
-
-    def plan(client_gone: Callable[[], bool]) -> ModelPlan:
-        model = state.store.get_model(model_id, owner)
-        return plan_model(state.store, state.settings, state.sandbox, model, target, shapes, client_gone)
-
-    found = await while_connected(request, plan)
+    found = await _planned(request, state, owner, model_id, target, input_shapes)
     return ModelTasksOut.of(model_id, found.target_key, found.tasks, found.fusion)
 
 
@@ -157,17 +166,9 @@ async def model_task_polyhedral(
     index: int,
     state: StateDep,
     owner: OwnerDep,
-    target: Annotated[str, Query(description="'host' or a TVM target as JSON", max_length=4096)] = "host",
-    input_shapes: Annotated[
-        str | None, Query(description='JSON, e.g. {"x": [1, 16]}', max_length=4096)
-    ] = None,
+    target: TargetQuery = "host",
+    input_shapes: ShapesQuery = None,
 ) -> PolyhedralOut:
-    shapes = parse_shapes(input_shapes)
-
-    def plan(client_gone: Callable[[], bool]) -> ModelPlan:
-        model = state.store.get_model(model_id, owner)
-        return plan_model(state.store, state.settings, state.sandbox, model, target, shapes, client_gone)
-
-    found = await while_connected(request, plan)
+    found = await _planned(request, state, owner, model_id, target, input_shapes)
     caches = preview_caches(state.settings, target)
     return PolyhedralOut.model_validate(planned_task_polyhedral(found, index, caches))
