@@ -108,6 +108,8 @@ class SearchStatsOut(BaseModel):
     rejected: int | None = None
     passed_through: int | None = Field(default=None, description="Rejected by the model, searched anyway")
     seeds: int | None = Field(default=None, description="Seed schedules measured before the search")
+    caches: str | None = Field(default=None, description="The cache sizes the hooks used, as a spec")
+    cache_source: str | None = Field(default=None, description="Where those sizes came from")
 
 
 class PolyhedralOut(BaseModel):

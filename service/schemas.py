@@ -279,10 +279,11 @@ class TaskOut(EntityOut):
     best_latency_us: float | None
     gflops: float | None
     share: float | None = Field(description="Fraction of the model's estimated time spent in this task")
-    search_stats: dict[str, int] | None = Field(
+    search_stats: dict[str, int | str] | None = Field(
         default=None,
         description="What the space's hooks did (cpu-poly: candidates examined, rejected, passed through "
-        "despite the model, seeds measured); null for spaces without hooks",
+        "despite the model, seeds measured, and the caches they held tiles against); null for spaces "
+        "without hooks",
     )
 
     @classmethod

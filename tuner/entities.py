@@ -388,8 +388,8 @@ class Task:
     trials: int = 0
     best_latency_us: float | None = None
     #: What the space's hooks did in this task's search (cpu-poly: examined, rejected, passed_through,
-    #: seeds), when the space keeps statistics.
-    search_stats: dict[str, int] | None = None
+    #: seeds, and the caches they held tiles against), when the space keeps statistics.
+    search_stats: dict[str, Any] | None = None
 
     @property
     def gflops(self) -> float | None:

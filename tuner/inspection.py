@@ -15,11 +15,11 @@ from typing import Any
 import tuner
 from kiln_tvm import ms, s_tir
 from schedules.poly.analysis import PolyhedralAnalysis, analyse_prim_func
-from schedules.poly.caches import UNKNOWN, CacheHierarchy
+from schedules.poly.caches import UNKNOWN, CacheHierarchy, parse_cache_spec
 from schedules.poly.report import tiling_report
 from tuner.entities import FusionSummary, Job, ModelInfo, ModelPlan, PlanError, Task, TaskInfo
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
-from tuner.job import measuring_caches, space_options
+from tuner.job import measuring_caches
 from tuner.models import model_file
 from tuner.sandbox import Cancelled, ModelSandbox
 from tuner.settings import Settings
@@ -287,7 +287,13 @@ def task_polyhedral(store: Store, settings: Settings, job: Job, task: Task) -> d
     tiles against (and where their sizes came from), the footprints of the best schedule's tiles, and
     what the space's hooks did in the search."""
     analysis = _workload_analysis(store, task.workload_id)
-    caches = space_options(settings, job.spec).caches
+    stats = task.search_stats or {}
+    if stats.get("caches") is not None:  # what the job's search used, a remote device's answer included
+        caches = (
+            parse_cache_spec(stats["caches"], source=stats["cache_source"]) if stats["caches"] else UNKNOWN
+        )
+    else:
+        caches = measuring_caches(settings, job.spec.runner.is_local)
     report = {**analysis.to_json(), "caches": caches.to_json()}
     found = store.best_record(task.workload_id, job.target_key, settings.record_scope(job.owner))
     best: list[dict[str, Any]] | None = None
@@ -307,7 +313,7 @@ def task_polyhedral(store: Store, settings: Settings, job: Job, task: Task) -> d
             "kernel the tiling rule does not apply to)"
         ),
     }
-    report["search"] = {"space": job.spec.space, **(task.search_stats or {})}
+    report["search"] = {"space": job.spec.space, **stats}
     return report
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules.poly.caches import UNKNOWN, CacheHierarchy, host_caches, parse_cache_spec
-from schedules.spaces import SpaceOptions, check_space, default_space_name
+from schedules.spaces import SpaceOptions, check_space, default_space_name, get_space
 from tuner.artifact import export_library, pack_artifact
 from tuner.compile import build_tuned, build_untuned, random_inputs
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
@@ -27,6 +27,7 @@ from tuner.manifest import job_manifest
 from tuner.metaschedule.database import KilnDatabase
 from tuner.models import model_file
 from tuner.recorder import JobListener, JobRecorder
+from tuner.rpc.device_info import device_caches
 from tuner.rpc.tracker import check_runner, validate_runner
 from tuner.sandbox import SandboxLimits, is_out_of_memory, memory_limit
 from tuner.settings import Settings
@@ -100,8 +101,8 @@ def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
 
 
 def measuring_caches(settings: Settings, runs_here: bool) -> CacheHierarchy:
-    """The caches of the device a job measures on: this machine's (or the settings'), or, for remote
-    devices, only the sizes the settings give for them (unknown without: no cache-based pruning)."""
+    """The caches of the device a job measures on when it runs here: this machine's (or the settings');
+    for remote devices, the sizes the settings give for them (unknown without: no cache-based pruning)."""
     if runs_here:
         return host_caches(settings.cache_sizes)
     if settings.rpc_cache_sizes:
@@ -109,9 +110,21 @@ def measuring_caches(settings: Settings, runs_here: bool) -> CacheHierarchy:
     return UNKNOWN
 
 
+def job_caches(settings: Settings, spec: JobSpec) -> CacheHierarchy:
+    """The caches of the job's measuring device: this machine's, or what the RPC device reports (Kiln's
+    servers do) when the job's space uses them, else the settings' sizes for remote devices."""
+    if spec.runner.is_local:
+        return measuring_caches(settings, True)
+    if spec.space is not None and get_space(spec.space).seeded:
+        reported = device_caches(spec.runner, settings.rpc_timeout_s)
+        if reported is not None and reported.known:
+            return reported
+    return measuring_caches(settings, False)
+
+
 def space_options(settings: Settings, spec: JobSpec) -> SpaceOptions:
     """What the job's space may assume of the measuring device, and the settings of its hooks."""
-    caches = measuring_caches(settings, spec.runner.is_local)
+    caches = job_caches(settings, spec)
     return SpaceOptions(caches, settings.poly_margin, settings.poly_pass_through, settings.poly_seeds)
 
 

@@ -16,6 +16,7 @@ from kiln_tvm import (
     register_cpu_tensor_intrinsics,
 )
 from schedules.loops import fp32_lanes
+from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import PruningStats, seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, default_space_name, get_space, space_for
@@ -88,7 +89,7 @@ class TuningReport:
     #: Seconds per phase of MetaSchedule's profiler (search, build, run...).
     profile: dict[str, float] = field(default_factory=dict)
     #: Per task index: the space's pruning and seeding statistics (``cpu-poly``), when it keeps any.
-    search_stats: dict[int, dict[str, int]] = field(default_factory=dict)
+    search_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 # The evolutionary search's population per candidate a round measures, and its floor.
@@ -239,6 +240,13 @@ def tune_tasks(
     )
     runner = make_runner(config)
     space = get_space(config.space or default_space_name(target))
+    # A task that starts warm (an earlier job or attempt stored its records) needs no seeds: the search's
+    # first population already draws on the measured records.
+    warm = set()
+    if space.seeded:
+        warm = {
+            i for i, t in enumerate(tasks) if database.get_top_k(database.commit_workload(t.dispatched[0]), 1)
+        }
     profiler = ms.Profiler()
     try:
         with profiler:
@@ -252,13 +260,25 @@ def tune_tasks(
                 with ms.Profiler.timeit("Kiln/PolyhedralSeeds"):
                     limit = None if budget.trials is None else budget.trials - spent
                     seeded = _measure_seeds(
-                        tasks, contexts, target, config, cores, database, builder, runner, on_batch, limit
+                        tasks,
+                        contexts,
+                        target,
+                        config,
+                        cores,
+                        database,
+                        builder,
+                        runner,
+                        on_batch,
+                        limit,
+                        warm,
                     )
                 for index, count in seeded.items():
                     stats[index].seeds = count
                 spent += sum(seeded.values())
             if budget.trials is not None and spent >= budget.trials:
-                return TuningReport(_profile(profiler), _search_stats(space.seeded, stats))
+                return TuningReport(
+                    _profile(profiler), _search_stats(space.seeded, stats, config.space_options.caches)
+                )
             ms.tune_tasks(
                 tasks=contexts,
                 task_weights=[float(t.weight) for t in tasks],
@@ -279,11 +299,14 @@ def tune_tasks(
         builder.shutdown()
         # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
         (work_dir / "profile.txt").write_text(str(profiler.table()))
-    return TuningReport(_profile(profiler), _search_stats(space.seeded, stats))
+    return TuningReport(_profile(profiler), _search_stats(space.seeded, stats, config.space_options.caches))
 
 
-def _search_stats(kept: bool, stats: list[PruningStats]) -> dict[int, dict[str, int]]:
-    return {index: s.to_json() for index, s in enumerate(stats)} if kept else {}
+def _search_stats(kept: bool, stats: list[PruningStats], caches: CacheHierarchy) -> dict[int, dict[str, Any]]:
+    # With the caches the hooks held tiles against, and where their sizes came from (a remote device's
+    # answer is not asked for again when someone looks at the job).
+    where = {"caches": caches.to_spec(), "cache_source": caches.source}
+    return {index: {**s.to_json(), **where} for index, s in enumerate(stats)} if kept else {}
 
 
 def _measure_seeds(
@@ -297,11 +320,12 @@ def _measure_seeds(
     runner: Any,
     on_batch: BatchListener | None,
     limit: int | None,
+    warm: set[int],
 ) -> dict[int, int]:
     """Measure and store each task's seed schedules (one batch for all tasks); returns how many each got.
 
     Within a trial ``limit``, each task gets at most half of its share of it, so that a small budget still
-    measures every task and leaves the search its turn.
+    measures every task and leaves the search its turn. The ``warm`` tasks get none.
     """
     machine = MachineModel(fp32_lanes(target), cores, config.space_options.caches)
     per_task = config.space_options.seeds
@@ -309,6 +333,8 @@ def _measure_seeds(
         per_task = min(per_task, max(1, limit // (2 * len(tasks))))
     candidates = []
     for index, context in enumerate(contexts):
+        if index in warm:
+            continue
         for sch in seed_schedules(context, machine, per_task):
             if limit is not None and len(candidates) >= limit:
                 break

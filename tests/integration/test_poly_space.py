@@ -63,6 +63,12 @@ def test_a_small_cnn_tunes_in_the_cpu_poly_space(store: Store, tmp_path: Path) -
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-4)
 
+    # Tuned again, every task starts warm from the stored records: no seeds are measured again.
+    again = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=8, space="cpu-poly"))
+    rerun = run_job(store, settings, again.id)
+    assert rerun.job.status is JobStatus.SUCCEEDED, rerun.job.error
+    assert all(t.search_stats is not None and t.search_stats["seeds"] == 0 for t in rerun.tasks)
+
 
 def test_the_job_records_the_default_space_and_refuses_unknown_ones(
     store: Store, settings: Settings, tmp_path: Path

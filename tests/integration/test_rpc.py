@@ -15,12 +15,14 @@ from pathlib import Path
 import onnx
 import pytest
 
+from schedules.poly.caches import read_sysfs_caches
 from tests.models import build_mlp
 from tuner.entities import JobSpec, JobStatus, RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
-from tuner.job import run_job, submit_job
+from tuner.job import job_caches, run_job, submit_job
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.models import register_model
+from tuner.rpc.device_info import device_caches
 from tuner.rpc.processes import RPCProcess, start_server, start_tracker
 from tuner.rpc.tracker import DeviceQueue, check_runner, tracker_summary
 from tuner.settings import Settings
@@ -209,6 +211,29 @@ def test_mlp_tunes_through_the_rpc_runner(
     assert all(c.ok for c in result.comparisons)
     # The server is free again for the next job.
     assert _queue(tracker.address, KEY, free=1) == DeviceQueue(key=KEY, free=1, pending=0, total=1)
+
+
+def test_kilns_server_reports_its_caches_for_cpu_poly(
+    tracker: RPCProcess, server: RPCProcess, settings: Settings
+) -> None:
+    runner = RunnerSpec("rpc", tracker.address, KEY)
+    reported = device_caches(runner, 10.0)
+    local = read_sysfs_caches()
+    if not local.known:
+        pytest.skip("this machine's sysfs does not list its caches, so the server has none to report")
+    assert reported is not None and reported.source == "rpc device"
+    assert reported.levels == local.levels
+    _queue(tracker.address, KEY, free=1)  # the session just closed: the server is free again in a moment
+    # A cpu-poly job on that device holds its tiles against what the device said; a cpu job asks nothing.
+    poly = JobSpec(model_id="m", target=host_target(), trials=1, runner=runner, space="cpu-poly")
+    assert job_caches(settings, poly).source == "rpc device"
+    plain = JobSpec(model_id="m", target=host_target(), trials=1, runner=runner, space="cpu")
+    assert job_caches(settings, plain).source == "unknown"
+    assert _queue(tracker.address, KEY, free=1) == DeviceQueue(key=KEY, free=1, pending=0, total=1)
+
+
+def test_without_a_free_server_the_device_does_not_say(tracker: RPCProcess) -> None:
+    assert device_caches(RunnerSpec("rpc", tracker.address, "nobody-has-this-key"), 1.0) is None
 
 
 def _kiln(*args: str, tmp_path: Path) -> list[str]:

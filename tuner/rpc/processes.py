@@ -12,6 +12,7 @@ from typing import Any
 
 from kiln_tvm import RPCServer, RPCTracker
 from tuner.errors import Conflict, DeviceUnavailable, InvalidSpec
+from tuner.rpc.device_info import register_device_functions
 from tuner.rpc.tracker import (
     DEFAULT_CHECK_TIMEOUT_S,
     parse_tracker,
@@ -121,6 +122,8 @@ def start_server(
             tracker_addr=(tracker_host, tracker_port),
             key=key,
             silent=silent,
+            # Kiln's servers answer what a job asks of its device (its caches, for cpu-poly).
+            server_init_callback=register_device_functions,
         ),
     )
     deadline = time.monotonic() + timeout_s

@@ -123,7 +123,7 @@ class RecordQueries(StoreBase):
             shash = s.scalar(sa.select(WorkloadRow.shash).where(WorkloadRow.id == row.workload_id))
             return task_entity(row, shash or "")
 
-    def set_search_stats(self, task_id: int, stats: dict[str, int]) -> Task:
+    def set_search_stats(self, task_id: int, stats: dict[str, Any]) -> Task:
         """Keep what the space's hooks did in a task's search (replacing an earlier attempt's figures)."""
         with self.session_scope() as s:
             row = s.get(TaskRow, task_id)

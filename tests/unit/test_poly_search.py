@@ -1,0 +1,117 @@
+"""The cpu-poly hooks: tilings read off a trace, their cut footprints against the caches, the pruner's soft
+rejection, and the ranked seeds, on a matmul's real design space."""
+
+from __future__ import annotations
+
+import math
+
+from kiln_tvm import ms, tvm
+from schedules.poly.caches import CacheHierarchy, CacheLevel
+from schedules.poly.extract import extract_program
+from schedules.poly.search import FootprintPruner, PruningStats, seed_schedules, traced_tilings
+from schedules.poly.tiling import (
+    MachineModel,
+    Tiling,
+    cut_footprints,
+    cut_names,
+    overflows,
+    rank_tilings,
+    tile_below,
+)
+from schedules.spaces import SpaceOptions, space_for
+from tuner.targets import host_target, to_tvm_target
+
+TARGET = to_tvm_target(host_target())
+CACHES = CacheHierarchy(
+    (CacheLevel("L1d", 1, 32 << 10), CacheLevel("L2", 2, 1 << 20), CacheLevel("L3", 3, 32 << 20)), "settings"
+)
+te = tvm.te
+
+
+def _matmul(n: int = 256) -> tvm.IRModule:
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def _context(mod: tvm.IRModule, space: str = "cpu-poly", stats: PruningStats | None = None):
+    return ms.TuneContext(
+        mod=mod,
+        target=TARGET,
+        space_generator=space_for(TARGET, space, SpaceOptions(caches=CACHES), stats),
+        task_name="matmul",
+        num_threads=2,
+    ).clone()
+
+
+def test_cuts_and_tiles_follow_the_structure() -> None:
+    (statement,) = extract_program(_matmul()["main"]).statements
+    tiling = Tiling("SSRSRS", ((2, 4, 2, 16), (4, 2, 2, 16), (16, 16)))
+    assert cut_names("SSRSRS") == ["S0", "S1", "R0", "S2", "R1", "S3"]
+    assert tile_below(statement, tiling, 0) == (128, 64, 256)  # one S0 iteration: all reductions
+    assert tile_below(statement, tiling, 2) == (32, 32, 16)  # below R0: S2*S3 by R1
+    assert tile_below(statement, tiling, 5) == (1, 1, 1)
+    cuts = cut_footprints(statement, tiling)
+    assert cuts["R0"] == 4 * (32 * 16 + 16 * 32 + 32 * 32)
+    assert list(cuts.values()) == sorted(cuts.values(), reverse=True)
+    assert overflows(statement, tiling, CACHES, 0.5) == []
+    # One 256 x 256 x 256 block: 768 KiB below S2, far over L1d's 48 KiB with the margin; it fits L2.
+    whole = Tiling("SSRSRS", ((1, 1, 1, 256), (1, 1, 1, 256), (1, 256)))
+    assert [p.split(":")[0] for p in overflows(statement, whole, CACHES, 0.5)] == ["S2"]
+    assert overflows(statement, whole, CacheHierarchy((), "unknown"), 0.5) == []
+
+
+def test_tilings_are_read_off_a_design_spaces_trace() -> None:
+    mod = _matmul()
+    spaces = _context(mod).space_generator.generate_design_space(mod)
+    tilings = [t for space in spaces for t in traced_tilings(space.trace)]
+    assert tilings and all(t.block == "C" and t.structure == "SSRSRS" for t in tilings)
+    for t in tilings:
+        assert [len(f) for f in t.factors] == [4, 4, 2]
+        assert [math.prod(f) for f in t.factors] == [256, 256, 256]
+
+
+def test_ranked_tilings_fill_vectors_and_feed_every_thread() -> None:
+    (statement,) = extract_program(_matmul()["main"]).statements
+    machine = MachineModel(lanes=16, threads=2, caches=CACHES)
+    ranked = rank_tilings(statement, "SSRSRS", machine, 4, seed=1)
+    assert len(ranked) == 4 and ranked == rank_tilings(statement, "SSRSRS", machine, 4, seed=1)
+    for tiling in ranked:
+        assert [math.prod(f) for f in tiling.factors] == [256, 256, 256]
+        assert tiling.factors[1][-1] % 16 == 0  # the vector loop j uses whole vectors
+        assert tiling.factors[0][0] * tiling.factors[1][0] >= 2  # both threads have work
+        assert overflows(statement, tiling, CACHES, 0.0) == []
+
+
+def test_seeds_carry_the_ranked_tilings_and_build() -> None:
+    mod = _matmul()
+    context = _context(mod)
+    seeds = seed_schedules(context, MachineModel(16, 2, CACHES), 3)
+    assert len(seeds) == 3
+    (statement,) = extract_program(mod["main"]).statements
+    best = rank_tilings(statement, "SSRSRS", MachineModel(16, 2, CACHES), 3)
+    assert {traced_tilings(s.trace)[0].factors for s in seeds} <= {t.factors for t in best}
+    tvm.compile(seeds[0].mod, target=TARGET)  # postprocessed: it builds
+
+
+def test_the_pruner_rejects_overflowing_tiles_softly_and_counts() -> None:
+    mod = _matmul()
+    stats = PruningStats()
+    context = _context(mod, stats=stats)
+    space = context.space_generator.generate_design_space(mod)[0]
+    traced = traced_tilings(space.trace)[0]
+    whole = [(1, 1, 1, 256), (1, 1, 1, 256), (1, 256)]
+    trace = space.trace
+    for inst, factors in zip(traced.instructions, whole, strict=True):
+        trace = trace.with_decision(inst, list(factors), True)
+    sch = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    strict = FootprintPruner(CACHES, margin=0.5, pass_through=0.0, stats=stats)
+    strict._initialize_with_tune_context(context)
+    assert strict.apply(sch) is False
+    lenient = FootprintPruner(CACHES, margin=0.5, pass_through=1.0, stats=stats)
+    lenient._initialize_with_tune_context(context)
+    assert lenient.apply(sch) is True
+    assert (stats.examined, stats.rejected, stats.passed_through) == (2, 1, 1)
