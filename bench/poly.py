@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/poly.py [--kernels matmul,conv3x3,depthwise,softmax,layernorm]
                                    [--trials 1000] [--seeds 3] [--spaces cpu,cpu-poly]
+    .venv/bin/python bench/poly.py --report bench/work/poly-STAMP --trials 1000   # an interrupted run
 
 Each kernel is the TIR Kiln's legalization gives it (a 512^3 matmul; a ResNet-style 3x3 convolution,
 NHWC 1x56x56x64 -> 64 channels with padding 1; a 3x3 depthwise convolution on the same input; a softmax
@@ -147,7 +148,11 @@ def main() -> None:
     parser.add_argument("--spaces", default="cpu,cpu-poly")
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--report", metavar="WORK_DIR", help="Only report the finished tunings of a run")
+    parser.add_argument(
+        "--report",
+        metavar="WORK_DIR",
+        help="Only report a run's finished tunings (per kernel, its complete seeds)",
+    )
     parser.add_argument("--child", nargs=5, metavar=("KERNEL", "SPACE", "SEED", "TRIALS", "OUT"))
     args = parser.parse_args()
     if args.child:
@@ -157,16 +162,18 @@ def main() -> None:
 
     kernels, spaces = args.kernels.split(","), args.spaces.split(",")
     if args.report:
-        # Report a run's finished tunings (an interrupted run: the seeds every kernel completed).
+        # An interrupted run: per kernel, the seeds that every space finished.
         work = Path(args.report)
         run_stamp, machine = work.name.removeprefix("poly-") + "-report", {}
         runs = {k: {s: [] for s in spaces} for k in kernels}
-        for seed in range(args.seeds):
-            files = {(k, s): work / f"{k}-{s}-{seed}.json" for k in kernels for s in spaces}
-            if all(f.exists() for f in files.values()):
-                for (kernel, space), f in files.items():
-                    runs[kernel][space].append(json.loads(f.read_text()))
-        print(f"report of {work}: {len(runs[kernels[0]][spaces[0]])} complete seeds")
+        for kernel in kernels:
+            for seed in range(args.seeds):  # the seeds of this kernel that every space finished
+                files = {s: work / f"{kernel}-{s}-{seed}.json" for s in spaces}
+                if all(f.exists() for f in files.values()):
+                    for space, f in files.items():
+                        runs[kernel][space].append(json.loads(f.read_text()))
+        counts = ", ".join(f"{k} {len(runs[k][spaces[0]])}" for k in kernels)
+        print(f"report of {work}: seeds finished by every space: {counts}")
     else:
         run_stamp, work, machine = start_run("poly")
         work.mkdir(parents=True, exist_ok=True)
