@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from schedules.poly.caches import CacheHierarchy
 from schedules.poly.dependences import Dependence, compute_dependences
 from schedules.poly.extract import extract_program
-from schedules.poly.footprint import exact_tile_footprint, reuse_directions, tile_footprint_bytes
+from schedules.poly.footprint import reuse_directions
 from schedules.poly.isl_model import IslProgram
 from schedules.poly.legality import Fusion, LoopLegality, fusion_depths, loop_legality
 from schedules.poly.program import LoopKind, Program, Statement
-
-
-@dataclass(frozen=True)
-class TileFootprint:
-    """Bytes one tile of a statement touches per tensor, and the smallest cache level that holds them."""
-
-    statement: str
-    level: str  # which loop of the schedule the tile lies under ("below S2"...), or "analysis"
-    tile: tuple[int, ...]
-    bytes_per_tensor: dict[str, int]
-    fits: str | None  # "L1d", "L2"... or None when no level (or no cache size) holds it
-
-    @property
-    def total(self) -> int:
-        return sum(self.bytes_per_tensor.values())
 
 
 @dataclass(frozen=True)
@@ -38,7 +23,6 @@ class PolyhedralAnalysis:
     loops: list[LoopLegality]
     fusions: list[Fusion]
     caches: CacheHierarchy
-    footprints: list[TileFootprint] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
@@ -120,39 +104,7 @@ class PolyhedralAnalysis:
                 for f in self.fusions
             ],
             "caches": self.caches.to_json(),
-            "footprints": [
-                {
-                    "statement": f.statement,
-                    "level": f.level,
-                    "tile": list(f.tile),
-                    "bytes": f.bytes_per_tensor,
-                    "total_bytes": f.total,
-                    "fits": f.fits,
-                }
-                for f in self.footprints
-            ],
         }
-
-
-def smallest_fitting(total: int, caches: CacheHierarchy) -> str | None:
-    """The smallest cache level that holds ``total`` bytes."""
-    for level in caches.levels:
-        if total <= level.bytes:
-            return level.name
-    return None
-
-
-def footprint_of(
-    statement: Statement, level: str, tile: tuple[int, ...], caches: CacheHierarchy
-) -> TileFootprint:
-    bytes_per_tensor = tile_footprint_bytes(statement, tile)
-    return TileFootprint(
-        statement.name,
-        level,
-        tile,
-        bytes_per_tensor,
-        smallest_fitting(sum(bytes_per_tensor.values()), caches),
-    )
 
 
 def analyse_program(program: Program, caches: CacheHierarchy) -> PolyhedralAnalysis:
@@ -193,10 +145,6 @@ def analyse_prim_func(func: Any, caches: CacheHierarchy, name: str = "main") -> 
 
 __all__ = [
     "PolyhedralAnalysis",
-    "TileFootprint",
     "analyse_prim_func",
     "analyse_program",
-    "exact_tile_footprint",
-    "footprint_of",
-    "smallest_fitting",
 ]
