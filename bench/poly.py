@@ -3,6 +3,7 @@
     .venv/bin/python bench/poly.py [--kernels matmul,conv3x3,depthwise,softmax,layernorm]
                                    [--trials 1000] [--seeds 3] [--spaces cpu,cpu-poly]
     .venv/bin/python bench/poly.py --report bench/work/poly-STAMP --trials 1000   # an interrupted run
+    .venv/bin/python bench/poly.py --resume bench/work/poly-STAMP --trials 1000   # finish it
 
 Each kernel is the TIR Kiln's legalization gives it (a 512^3 matmul; a ResNet-style 3x3 convolution,
 NHWC 1x56x56x64 -> 64 channels with padding 1; a 3x3 depthwise convolution on the same input; a softmax
@@ -153,6 +154,11 @@ def main() -> None:
         metavar="WORK_DIR",
         help="Only report a run's finished tunings (per kernel, its complete seeds)",
     )
+    parser.add_argument(
+        "--resume",
+        metavar="WORK_DIR",
+        help="Finish an interrupted run: tune only the (kernel, space, seed) it has no result for",
+    )
     parser.add_argument("--child", nargs=5, metavar=("KERNEL", "SPACE", "SEED", "TRIALS", "OUT"))
     args = parser.parse_args()
     if args.child:
@@ -176,6 +182,9 @@ def main() -> None:
         print(f"report of {work}: seeds finished by every space: {counts}")
     else:
         run_stamp, work, machine = start_run("poly")
+        if args.resume:
+            work = Path(args.resume)
+            print(f"resuming {work}: its finished tunings are kept, the others run now")
         work.mkdir(parents=True, exist_ok=True)
         runs = {k: {s: [] for s in spaces} for k in kernels}
         # Seed by seed over all kernels, so that an interrupted run still covers every kernel.
@@ -183,6 +192,9 @@ def main() -> None:
             for kernel in kernels:
                 for space in spaces if seed % 2 == 0 else list(reversed(spaces)):
                     out = work / f"{kernel}-{space}-{seed}.json"
+                    if out.exists():  # finished before a --resume
+                        runs[kernel][space].append(json.loads(out.read_text()))
+                        continue
                     cmd = [
                         sys.executable,
                         __file__,

@@ -49,11 +49,19 @@ def task_table(tasks: list[Task], title: str) -> Table:
 
 
 def fusion_line(fusion: FusionSummary) -> str:
-    """One line on what fusion did to the graph."""
-    return (
+    """What fusion did to the graph, and for a quantized model what runs in integers: a line, and one more
+    per quantized operator left in float."""
+    line = (
         f"graph: {fusion.operators_before} Relax operators -> {fusion.kernels_after} fused kernels "
         f"({fusion.distinct_tasks} distinct tuning tasks)"
     )
+    if fusion.integer_ops or fusion.kept_float:
+        line += (
+            f"\nquantized: {len(fusion.integer_ops)} convolutions/matmuls in integers (u8 x s8 -> int32), "
+            f"{len(fusion.kept_float)} kept in float"
+        )
+        line += "".join(f"\n  float: {k.op} {k.shapes}: {k.reason}" for k in fusion.kept_float)
+    return line
 
 
 def tuning_time_line(elapsed_s: float, remaining_s: float | None) -> str:

@@ -80,15 +80,29 @@ class ModelOut(EntityOut):
         )
 
 
+class KeptFloatOut(EntityOut):
+    op: str = Field(description="The operator: conv2d or matmul")
+    shapes: str = Field(description="Its operands' shapes")
+    reason: str = Field(description="Why Kiln computes it in float")
+
+
 class FusionOut(EntityOut):
     operators_before: int = Field(description="Relax operators before fusion")
     kernels_after: int = Field(description="Fused kernels (PrimFunc calls) after fusion")
     distinct_tasks: int = Field(description="Distinct kernels, i.e. tuning tasks")
     operator_histogram: dict[str, int]
+    integer_ops: list[str] = Field(
+        default_factory=list,
+        description="Quantized convolutions and matmuls computed in integers (u8 x s8 -> int32), with their "
+        "shapes and output type",
+    )
+    kept_float: list[KeptFloatOut] = Field(
+        default_factory=list, description="Quantized operators left in float, and why"
+    )
 
     @classmethod
     def of(cls, fusion: FusionSummary) -> FusionOut:
-        return cls.from_entity(fusion)
+        return cls.from_entity(fusion, kept_float=[KeptFloatOut.from_entity(k) for k in fusion.kept_float])
 
 
 class TaskPreviewOut(EntityOut):

@@ -126,13 +126,32 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
+class KeptFloat:
+    """A quantized operator of the model that Kiln left in float, and why."""
+
+    op: str  # "conv2d", "matmul"
+    shapes: str  # "1x256 @ 256x512"
+    reason: str
+
+
+@dataclass(frozen=True)
 class FusionSummary:
-    """Graph-level effect of Kiln's passes: operators before fusion, kernels after."""
+    """Graph-level effect of Kiln's passes: operators before fusion, kernels after, and for quantized models
+    the operators computed in integers and those kept in float."""
 
     operators_before: int
     kernels_after: int
     distinct_tasks: int
     operator_histogram: dict[str, int] = field(default_factory=dict)
+    integer_ops: list[str] = field(default_factory=list)  # "conv2d 1x3x32x32 * 16x3x3x3 -> int8"
+    kept_float: list[KeptFloat] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FusionSummary:
+        """The summary from its JSON form (``dataclasses.asdict``)."""
+        fields = dict(data)
+        fields["kept_float"] = [KeptFloat(**k) for k in fields.get("kept_float", [])]
+        return cls(**fields)
 
 
 @dataclass(frozen=True)

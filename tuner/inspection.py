@@ -38,9 +38,10 @@ class BestSchedule:
     trace_json: Any
 
 
-#: Bumped when what a stored plan holds changes (2: the tasks' polyhedral analyses), so older plans are
-#: planned again rather than served without it.
-PLAN_FORMAT = 2
+#: Bumped when what a stored plan holds changes (2: the tasks' polyhedral analyses; 3: the quantized
+#: operators lowered to integers and those kept in float), so older plans are planned again rather than
+#: served without it.
+PLAN_FORMAT = 3
 
 
 def plan_model(
@@ -138,7 +139,7 @@ def _plan_in_sandbox(
     return ModelPlan(
         target_key=target_key,
         tasks=[TaskInfo(**t) for t in result["tasks"]],
-        fusion=FusionSummary(**result["fusion"]),
+        fusion=FusionSummary.from_dict(result["fusion"]),
         graph=result["graph"],
     )
 

@@ -3,6 +3,7 @@ checked."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from datetime import datetime, timezone
 from typing import Any
@@ -43,6 +44,10 @@ def job_manifest(
             "operators_before": plan.fusion.operators_before,
             "kernels_after": plan.fusion.kernels_after,
             "distinct_tasks": plan.fusion.distinct_tasks,
+        },
+        "quantization": {
+            "integer_ops": plan.fusion.integer_ops,
+            "kept_float": [dataclasses.asdict(k) for k in plan.fusion.kept_float],
         },
         "tasks": [
             {

@@ -9,6 +9,7 @@ from typing import Any
 from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
 from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, TaskInfo
+from tuner.quant.qdq import QuantReport, lower_qdq
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,14 @@ class GraphPlan:
 CONV_LAYOUTS = {"NHWC": {"relax.nn.conv2d": ["NHWC", "OHWI"]}}
 
 
-def inference_passes(conv_layout: str | None = None, fast_math: bool = False) -> tvm.transform.Pass:
+def inference_passes(
+    conv_layout: str | None = None, fast_math: bool = False, quant_report: QuantReport | None = None
+) -> tvm.transform.Pass:
     """Inference simplifications run before legalization.
+
+    Quantized (QDQ) convolutions and matmuls are lowered to integer operators first, while their
+    weights are still integer constants (:mod:`tuner.quant.qdq`; ``quant_report`` collects what was
+    lowered and what stays in float).
 
     Convolutions can be converted to ``conv_layout`` (NHWC on CPU: channels innermost, so kernels
     vectorize over output channels and write contiguously; transposes appear only at the graph's
@@ -48,6 +55,7 @@ def inference_passes(conv_layout: str | None = None, fast_math: bool = False) ->
         [
             # Activations the importers emit as opaque kernels become operators ConvertLayout can move.
             elementwise_as_operators(),
+            lower_qdq(quant_report),
             *layout,
             relax.transform.DecomposeOpsForInference(),
             *([relax.transform.FastMathTransform()] if fast_math else []),
@@ -121,7 +129,8 @@ def plan_graph(
     cpu = is_cpu_target(target)
     prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
-    prepared = inference_passes(cpu_conv_layout if cpu else None, fast_math and cpu)(mod)
+    quant = QuantReport()
+    prepared = inference_passes(cpu_conv_layout if cpu else None, fast_math and cpu, quant)(mod)
     lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]
@@ -130,6 +139,8 @@ def plan_graph(
         kernels_after=_kernel_calls(lowered),
         distinct_tasks=len(tasks),
         operator_histogram=operators,
+        integer_ops=quant.lowered,
+        kept_float=quant.kept_float,
     )
     return GraphPlan(
         prepared=prepared,

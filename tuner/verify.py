@@ -17,6 +17,7 @@ from tuner.compile import LoadedModel
 from tuner.entities import LatencyReport, ModelFormat
 from tuner.errors import VerificationFailed
 from tuner.frontend import ImportedModel
+from tuner.frontend.onnx_qoperator import dequantized_output_steps
 from tuner.measure import interleaved_timings
 from tuner.settings import Settings
 
@@ -37,15 +38,21 @@ class Comparison:
 
 
 def compare_outputs(
-    actual: list[np.ndarray], expected: list[np.ndarray], reference: str, rtol: float, atol: float
+    actual: list[np.ndarray],
+    expected: list[np.ndarray],
+    reference: str,
+    rtol: float,
+    atol: float | list[float],
 ) -> Comparison:
-    """Compare outputs element-wise: ok when ``|a - e| <= atol + rtol * |e|`` everywhere."""
+    """Compare outputs element-wise: ok when ``|a - e| <= atol + rtol * |e|`` everywhere (``atol`` one
+    for all outputs, or one per output)."""
     if len(actual) != len(expected):
         return Comparison(reference, float("inf"), float("inf"), False)
+    atols = atol if isinstance(atol, list) else [atol] * len(actual)
     max_abs = 0.0
     max_rel = 0.0
     ok = True
-    for a, e in zip(actual, expected, strict=True):
+    for a, e, atol in zip(actual, expected, atols, strict=True):
         if a.shape != e.shape:
             return Comparison(reference, float("inf"), float("inf"), False)
         a64 = a.astype(np.float64)
@@ -105,12 +112,23 @@ def verify_outputs(
     :class:`~tuner.errors.VerificationFailed` when any disagrees."""
     rtol, atol = settings.verify_rtol, settings.verify_atol
     tuned_out = LoadedModel(tuned_exe).run(inputs)
-    comparisons = [compare_outputs(tuned_out, LoadedModel(untuned_exe).run(inputs), UNTUNED, rtol, atol)]
+    atols = output_tolerances(imported, atol, len(tuned_out))
+    comparisons = [compare_outputs(tuned_out, LoadedModel(untuned_exe).run(inputs), UNTUNED, rtol, atols)]
     reference = _onnxruntime_outputs(imported, inputs)
     if reference is not None:
-        comparisons.append(compare_outputs(tuned_out, reference, "onnxruntime", rtol, atol))
-    require_match(comparisons, rtol, atol)
+        comparisons.append(compare_outputs(tuned_out, reference, "onnxruntime", rtol, atols))
+    require_match(comparisons, rtol, max(atols, default=atol))
     return comparisons
+
+
+def output_tolerances(imported: ImportedModel, atol: float, outputs: int) -> list[float]:
+    """The absolute tolerance of each output: ``atol``, or one quantization step (and a hair) for an
+    output a quantized model dequantizes, where integer kernels may round a tie the other way."""
+    steps: list[float | None] = [None] * outputs
+    if imported.format is ModelFormat.ONNX:
+        found = dequantized_output_steps(imported.canonical_bytes)
+        steps = found if len(found) == outputs else steps
+    return [max(atol, 1.001 * step) if step else atol for step in steps]
 
 
 def measure_latencies(

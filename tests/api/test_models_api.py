@@ -149,6 +149,19 @@ def test_task_preview_lists_fused_kernels(client: TestClient, mlp_model: dict) -
     assert body["fusion"]["operators_before"] > body["fusion"]["kernels_after"] == 2
 
 
+def test_a_quantized_model_preview_says_what_runs_in_integers(client: TestClient) -> None:
+    from tests.quant_models import QuantSpec, build_qdq_net
+
+    data = onnx_bytes(build_qdq_net("matmul", QuantSpec()))
+    uploaded = client.post("/api/v1/models", files={"file": ("mlp_int8.onnx", data)})
+    assert uploaded.status_code == 201, uploaded.text
+    response = client.get(f"/api/v1/models/{uploaded.json()['id']}/tasks", params={"target": "host"})
+    assert response.status_code == 200, response.text
+    fusion = response.json()["fusion"]
+    assert fusion["integer_ops"] == ["matmul 4x32 @ 32x24 -> int8", "matmul 4x24 @ 24x10 -> int8"]
+    assert fusion["kept_float"] == []
+
+
 def test_task_preview_with_a_bad_target_is_422(client: TestClient, mlp_model: dict) -> None:
     response = client.get(
         f"/api/v1/models/{mlp_model['id']}/tasks", params={"target": '{"kind": "fpga9000"}'}

@@ -16,6 +16,7 @@ from tuner.frontend.imported import (
     short_error,
     tvm_frontends,
 )
+from tuner.frontend.onnx_qoperator import qoperator_to_qdq
 from tuner.frontend.shapes import UNKNOWN_RANK, resolve_input_shapes
 
 if TYPE_CHECKING:
@@ -224,14 +225,16 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
                 f"could not inline the local functions of '{path.name}': {short_error(err)}"
             ) from None
 
-    unsupported = _unsupported_onnx_ops(model)
+    qdq, _ = qoperator_to_qdq(model)
+    unsupported = _unsupported_onnx_ops(qdq)
     if unsupported:
         raise UnsupportedOperator(operators=unsupported, importer="ONNX")
 
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(model)  # the model as given (the QDQ form may use axis before opset 13)
     except (onnx.checker.ValidationError, ValueError) as err:
         raise InvalidModel(f"'{path.name}' is not a valid ONNX model: {short_error(err)}") from None
+    model = qdq
 
     declared = model_signature(model, path.name)
     shapes = resolve_input_shapes(declared.inputs, given)

@@ -112,7 +112,7 @@ class ModelQueries(StoreBase):
             return ModelPlan(
                 target_key=row.target_key,
                 tasks=[TaskInfo(**t) for t in json.loads(row.tasks_json or "[]")],
-                fusion=FusionSummary(**json.loads(row.fusion_json or "{}")),
+                fusion=FusionSummary.from_dict(json.loads(row.fusion_json or "{}")),
                 graph=row.graph or "",
             )
 

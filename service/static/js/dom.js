@@ -112,3 +112,14 @@ export function planTable(tasks, { head = true, weightPrefix = "" } = {}) {
     head ? h("thead", {}, h("tr", {}, h("th", {}, "Task"), h("th", { class: "num" }, "Weight"), h("th", { class: "num" }, "FLOPs"))) : null,
     h("tbody", {}, tasks.map((t) => h("tr", {}, h("td", {}, t.name), h("td", { class: "num" }, `${weightPrefix}${t.weight}`), h("td", { class: "num" }, fmtFlops(t.flops))))));
 }
+
+// For a quantized model: how many convolutions/matmuls run in integers, and each one kept in float with
+// its reason (null for a float model).
+export function quantizationNote(fusion) {
+  const ints = fusion.integer_ops || [], floats = fusion.kept_float || [];
+  if (!ints.length && !floats.length) return null;
+  return h("div", { class: "quantization", id: "quantization" },
+    h("p", {}, `Quantized: ${ints.length} convolution/matmul${ints.length === 1 ? "" : "s"} computed in integers (u8 × s8 → int32)`
+      + (floats.length ? `, ${floats.length} kept in float:` : "")),
+    floats.length ? h("ul", {}, floats.map((k) => h("li", {}, `${k.op} ${k.shapes}: ${k.reason}`))) : null);
+}

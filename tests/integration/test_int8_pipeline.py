@@ -1,0 +1,66 @@
+"""A quantized (QDQ) model end to end: tuned in integers, verified to within a step of onnxruntime, packaged
+with what was lowered, and loadable by plain TVM."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
+from tests.quant_models import QuantSpec, build_qdq_net, output_step
+from tuner.entities import JobSpec, JobStatus
+from tuner.inspection import best_schedule
+from tuner.job import run_job, submit_job
+from tuner.models import register_model
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.targets import host_target
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def store(settings: Settings) -> Store:
+    store = Store.from_settings(settings)
+    store.ensure_schema()
+    return store
+
+
+def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(store: Store, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=None, poly_seeds=2)
+    model_proto = build_qdq_net("conv", QuantSpec(activation="relu"))
+    path = tmp_path / "cnn_int8.onnx"
+    onnx.save(model_proto, path)
+    model, _ = register_model(store, settings, path)
+    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=16))
+    result = run_job(store, settings, job.id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    assert all(c.ok for c in result.comparisons), result.comparisons
+    assert result.fusion.integer_ops == [
+        "conv2d 1x8x12x12 * 16x8x3x3 -> int8",
+        "matmul 1x2304 @ 2304x10 -> int8",
+    ]
+
+    # The tuned convolution reads u8 activations and s8 weights and accumulates in int32.
+    conv = next(t for t in result.tasks if "conv2d" in t.name)
+    tuned = best_schedule(store, result.job, conv).tir
+    params = re.search(r"def main\((.*)\):", tuned).group(1)  # type: ignore[union-attr]
+    assert re.match(r'\w+: T\.Buffer\(\(.*?\), "uint8"\)', params), params  # the activations
+    assert re.search(r'conv2d_nhwc_intermediate = T\.sblock_alloc_buffer\(\(.*\), "int32"\)', tuned), tuned
+    assert re.search(r'param_0: T\.Buffer\(\(.*?\), "int8"\)', params), params
+
+    with tarfile.open(result.artifact.path, "r:gz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    assert manifest["quantization"]["integer_ops"] == result.fusion.integer_ops
+    assert manifest["quantization"]["kept_float"] == []
+
+    step = output_step(model_proto)
+    x = np.random.default_rng(5).standard_normal((1, 8, 12, 12)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    assert np.abs(got - onnxruntime_output(path, x)).max() <= 1.001 * step

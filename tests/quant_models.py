@@ -1,0 +1,218 @@
+"""Quantized ONNX models for the tests, built by hand so every quantization parameter is chosen.
+
+A layer is ``DequantizeLinear(x) -> Conv/MatMul(DequantizeLinear(W)) [+ bias] [-> activation] ->
+QuantizeLinear -> DequantizeLinear``, as onnxruntime's ``quantize_static`` writes QDQ models. Output
+scales come from the float layer's range on a seeded input, so outputs use most of the integer range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.models import IR_VERSION, OPSET, _model
+
+_ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one layer is quantized."""
+
+    act_dtype: str = "int8"  # activations (input and output)
+    weight_dtype: str = "int8"
+    per_channel: bool = True
+    weight_zero_point: int = 0  # nonzero: asymmetric weights (every channel gets this plus its index % 3)
+    bias: bool = True
+    activation: str | None = "relu"  # "relu", "clip" (ReLU6), or None
+
+
+def _range(dtype: str) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+class _Graph:
+    def __init__(self, seed: int, x_shape: tuple[int, ...]) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.x_shape = x_shape
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.count = 0
+
+    def name(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}{self.count}"
+
+    def const(self, stem: str, value: np.ndarray) -> str:
+        name = self.name(stem)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], **attrs: object) -> str:
+        out = self.name(op.lower())
+        self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    def quantize(self, x: str, scale: float, zero: int, dtype: str) -> str:
+        s = self.const("s", np.float32(scale))
+        z = self.const("z", np.array(zero, dtype=dtype))
+        return self.node("QuantizeLinear", [x, s, z])
+
+    def dequantize(self, q: str, scale: float, zero: int, dtype: str) -> str:
+        s = self.const("s", np.float32(scale))
+        z = self.const("z", np.array(zero, dtype=dtype))
+        return self.node("DequantizeLinear", [q, s, z])
+
+    def weights(self, shape: tuple[int, ...], axis: int, spec: QuantSpec) -> tuple[str, np.ndarray]:
+        """A dequantized constant weight; returns its node's output and its float value."""
+        low, high = _range(spec.weight_dtype)
+        channels = shape[axis]
+        zero = np.array(
+            [spec.weight_zero_point + (c % 3 if spec.weight_zero_point else 0) for c in range(channels)]
+        )
+        if spec.weight_dtype == "uint8":
+            zero = zero + 128
+        ints = self.rng.integers(low, high + 1, size=shape)
+        scale = (0.004 + 0.004 * self.rng.random(channels)).astype(np.float32)
+        if not spec.per_channel:
+            scale, zero = scale[:1], zero[:1]
+        broadcast = [1] * len(shape)
+        broadcast[axis] = -1 if spec.per_channel else 1
+        value = (ints - zero.reshape(broadcast)) * scale.reshape(broadcast)
+        w = self.const("w", ints.astype(spec.weight_dtype))
+        s = self.const("ws", scale if spec.per_channel else scale[0])
+        z = self.const(
+            "wz", zero.astype(spec.weight_dtype) if spec.per_channel else zero[0].astype(spec.weight_dtype)
+        )
+        out = self.name("dequantizelinear")
+        self.nodes.append(helper.make_node("DequantizeLinear", [w, s, z], [out], axis=axis))
+        return out, value.astype(np.float32)
+
+    def bias(self, channels: int, x_scale: float, w_value: np.ndarray, axis: int) -> str:
+        """An int32 bias dequantized with the input scale times each channel's weight scale, as ORT does."""
+        ints = self.rng.integers(-2000, 2000, size=channels).astype(np.int32)
+        weight_scale = (
+            np.abs(w_value).max(axis=tuple(i for i in range(w_value.ndim) if i != axis)) / 127.0 + 1e-6
+        )
+        scale = (x_scale * weight_scale).astype(np.float32)
+        b = self.const("b", ints)
+        s = self.const("bs", scale)
+        z = self.const("bz", np.zeros(channels, np.int32))
+        out = self.name("dequantizelinear")
+        self.nodes.append(helper.make_node("DequantizeLinear", [b, s, z], [out], axis=0))
+        return out
+
+    def activation(self, x: str, kind: str | None) -> str:
+        if kind == "relu":
+            return self.node("Relu", [x])
+        if kind == "clip":
+            return self.node(
+                "Clip", [x, self.const("lo", np.float32(0.0)), self.const("hi", np.float32(6.0))]
+            )
+        return x
+
+
+def _output_params(values: np.ndarray, dtype: str) -> tuple[float, int]:
+    low, high = float(min(values.min(), 0.0)), float(max(values.max(), 0.0))
+    scale = max(high - low, 1e-3) / 255.0
+    qmin, _ = _range(dtype)
+    return scale, int(np.clip(round(qmin - low / scale), *_range(dtype)))
+
+
+def _probe(g: _Graph, out: str, x: np.ndarray) -> np.ndarray:
+    """The value of ``out`` on ``x`` (onnxruntime, the graph built so far)."""
+    import onnxruntime as ort
+
+    model = helper.make_model(
+        _graph_with_output(g, out, "probe"), opset_imports=[helper.make_opsetid("", OPSET)]
+    )
+    model.ir_version = IR_VERSION
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def build_qdq_net(
+    kind: str = "conv",
+    spec: QuantSpec = QuantSpec(),
+    layout_op: str | None = None,
+    seed: int = 0,
+    groups: int = 1,
+) -> onnx.ModelProto:
+    """A quantized layer (``kind`` "conv": 1x8x12x12 input, 16 3x3 filters with padding 1 and ``groups``;
+    "matmul": 4x32 input times a 32x24 weight), then optionally ``layout_op`` ("MaxPool", "Reshape",
+    "Transpose" or "Flatten") between Q/DQ pairs of the same parameters, then a second quantized
+    matmul layer. Input ``x`` float, output ``y`` float (dequantized)."""
+    x_shape = (1, 8, 12, 12) if kind == "conv" else (4, 32)
+    g = _Graph(seed, x_shape)
+    dtype = spec.act_dtype
+    x_scale, x_zero = 0.03, (7 if dtype == "int8" else 135)
+    xq = g.dequantize(g.quantize("x", x_scale, x_zero, dtype), x_scale, x_zero, dtype)
+    if kind == "conv":
+        w, w_value = g.weights((16, 8 // groups, 3, 3), 0, spec)
+        inputs = [xq, w] + ([g.bias(16, x_scale, w_value, 0)] if spec.bias else [])
+        core = g.node("Conv", inputs, pads=[1, 1, 1, 1], kernel_shape=[3, 3], group=groups)
+    else:
+        w, w_value = g.weights((32, 24), 1, spec)
+        core = g.node("MatMul", [xq, w])
+        if spec.bias:
+            core = g.node("Add", [core, g.bias(24, x_scale, w_value, 1)])
+    act = g.activation(core, spec.activation)
+    # Output quantization parameters from the float layer's range on a seeded input.
+    x = np.random.default_rng(seed).standard_normal(x_shape).astype(np.float32)
+    y_scale, y_zero = _output_params(_probe(g, act, x), dtype)
+    y = g.dequantize(g.quantize(act, y_scale, y_zero, dtype), y_scale, y_zero, dtype)
+    if layout_op is not None:
+        y = _layout(g, y, layout_op, kind)
+        y = g.dequantize(g.quantize(y, y_scale, y_zero, dtype), y_scale, y_zero, dtype)
+    # A second quantized layer: a matmul over the flattened features.
+    if kind == "conv" or layout_op in ("Reshape", "Flatten", "MaxPool"):
+        y = g.node("Flatten", [y], axis=1)
+        y = g.dequantize(g.quantize(y, y_scale, y_zero, dtype), y_scale, y_zero, dtype)
+    features = _probe(g, y, x).shape[-1]
+    w2, _ = g.weights((features, 10), 1, spec)
+    out = g.node("MatMul", [y, w2])
+    probe2 = _probe(g, out, x)
+    o_scale, o_zero = _output_params(probe2, dtype)
+    out = g.dequantize(g.quantize(out, o_scale, o_zero, dtype), o_scale, o_zero, dtype)
+    return _model(_graph_with_output(g, out, "y", probe2.shape))
+
+
+def _layout(g: _Graph, y: str, op: str, kind: str) -> str:
+    if op == "MaxPool":
+        return g.node("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2])
+    if op == "Transpose":
+        return g.node("Transpose", [y], perm=[0, 1, 3, 2] if kind == "conv" else [1, 0])
+    if op == "Reshape":
+        shape = g.const("shape", np.array([1, -1] if kind == "conv" else [-1, 12], np.int64))
+        return g.node("Reshape", [y, shape])
+    if op == "Flatten":
+        return g.node("Flatten", [y], axis=1)
+    raise ValueError(op)
+
+
+def _graph_with_output(
+    g: _Graph, out: str, name: str, out_shape: tuple[int, ...] | None = None
+) -> onnx.GraphProto:
+    nodes = [*g.nodes, helper.make_node("Identity", [out], [name])]
+    return helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(g.x_shape))],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(out_shape) if out_shape else None)],
+        initializer=list(g.inits),
+    )
+
+
+def output_step(model: onnx.ModelProto) -> float:
+    """The quantization step of the model's (dequantized) output."""
+    produced = {n.output[0]: n for n in model.graph.node}
+    node = produced[model.graph.output[0].name]
+    while node.op_type == "Identity":
+        node = produced[node.input[0]]
+    assert node.op_type == "DequantizeLinear"
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return float(inits[node.input[1]])

@@ -1,0 +1,212 @@
+"""QDQ convolutions and matmuls lowered to integer arithmetic match onnxruntime to within one step."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from kiln_tvm import relax
+from tests.artifacts import onnxruntime_output
+from tests.quant_models import QuantSpec, build_qdq_net, output_step
+from tuner.compile import LoadedModel, build_untuned
+from tuner.frontend import load_model
+from tuner.targets import host_target, to_tvm_target
+from tuner.tasks import GraphPlan, plan_graph
+
+TARGET = to_tvm_target(host_target())
+CORE_OPS = ("relax.nn.conv2d", "relax.matmul")
+
+
+def _ops(func: relax.Function) -> list[relax.Call]:
+    found: list[relax.Call] = []
+
+    def visit(expr: object) -> None:
+        if isinstance(expr, relax.Call) and hasattr(expr.op, "name"):
+            found.append(expr)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def _reference(path: Path, x: np.ndarray) -> np.ndarray:
+    """ONNX's own semantics of the QDQ graph: onnxruntime with its graph optimizations off, so each
+    DequantizeLinear, float operator and QuantizeLinear runs as written (its fused QLinear kernels
+    round the bias and the requantization differently, by up to one step)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def _plan_and_compare(model: onnx.ModelProto, tmp_path: Path, inputs: int = 12) -> GraphPlan:
+    """Plan the model, run it untuned and check it within one step of onnxruntime, and to the step of
+    ONNX's reference semantics on nearly every output (ties may round either way)."""
+    path = tmp_path / "qdq.onnx"
+    onnx.save(model, path)
+    plan = plan_graph(load_model(path).mod, TARGET)
+    loaded = LoadedModel(build_untuned(plan.prepared, TARGET))
+    step = output_step(model)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    worst, differ, total = 0.0, 0, 0
+    for seed in range(inputs):
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        got = loaded.run([x])[0]
+        worst = max(worst, float(np.abs(got - onnxruntime_output(path, x)).max()) / step)
+        reference = np.abs(got - _reference(path, x)) / step
+        worst = max(worst, float(reference.max()))
+        differ, total = differ + int((reference > 0.5).sum()), total + reference.size
+    assert worst <= 1.001, f"{worst:.2f} steps from onnxruntime"
+    assert differ <= 0.01 * total, f"{differ} of {total} outputs differ from ONNX's reference by a step"
+    return plan
+
+
+def _integer_cores(plan: GraphPlan) -> list[relax.Call]:
+    cores = [c for c in _ops(plan.prepared["main"]) if c.op.name in CORE_OPS]
+    return [c for c in cores if str(c.ty.dtype) == "int32"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QuantSpec(),
+        QuantSpec(bias=False, activation=None),
+        QuantSpec(activation="clip"),
+        QuantSpec(per_channel=False),
+        QuantSpec(act_dtype="uint8"),
+        QuantSpec(weight_dtype="uint8", weight_zero_point=5),
+        QuantSpec(weight_zero_point=3, activation=None),
+    ],
+    ids=[
+        "relu-bias",
+        "plain",
+        "relu6",
+        "per-tensor",
+        "u8-activations",
+        "u8-weights",
+        "asymmetric-s8-weights",
+    ],
+)
+@pytest.mark.parametrize("kind", ["conv", "matmul"])
+def test_quantized_layers_compute_in_integers_and_match_onnxruntime(
+    kind: str, spec: QuantSpec, tmp_path: Path
+) -> None:
+    plan = _plan_and_compare(build_qdq_net(kind, spec), tmp_path)
+    cores = _integer_cores(plan)
+    # The layer and the matmul after it; a convolution of asymmetric weights adds the input's window
+    # sums (a convolution with ones).
+    assert len(cores) == (3 if spec.weight_zero_point and kind == "conv" else 2), plan.prepared["main"]
+    for core in cores:
+        assert {str(a.ty.dtype) for a in core.args[:2]} == {"uint8", "int8"}  # u8 x s8, as VNNI wants
+    assert len(plan.fusion.integer_ops) == 2 and not plan.fusion.kept_float
+    floats = [c for c in _ops(plan.prepared["main"]) if c.op.name in CORE_OPS and str(c.ty.dtype) != "int32"]
+    assert not floats, plan.prepared["main"]
+
+
+def test_a_grouped_convolution_is_lowered(tmp_path: Path) -> None:
+    plan = _plan_and_compare(build_qdq_net("conv", QuantSpec(weight_zero_point=2), groups=2), tmp_path)
+    assert len(_integer_cores(plan)) >= 2
+
+
+@pytest.mark.parametrize("layout_op", ["MaxPool", "Reshape", "Transpose", "Flatten"])
+def test_qdq_pairs_around_layout_operators_fold(layout_op: str, tmp_path: Path) -> None:
+    kind = "matmul" if layout_op == "Transpose" else "conv"
+    plan = _plan_and_compare(build_qdq_net(kind, layout_op=layout_op), tmp_path)
+    calls = _ops(plan.prepared["main"])
+    # Only the model's input is quantized and only its output dequantized: the layout operator runs on
+    # the integers.
+    assert sum(c.op.name == "relax.quantize" for c in calls) == 1, plan.prepared["main"]
+    assert sum(c.op.name == "relax.dequantize" for c in calls) == 1, plan.prepared["main"]
+
+
+def test_an_unquantized_output_keeps_the_operator_in_float_and_says_why(tmp_path: Path) -> None:
+    model = build_qdq_net("matmul", QuantSpec(activation=None))
+    graph = model.graph
+    # Drop the last layer's QuantizeLinear/DequantizeLinear pair: its MatMul output goes out in float.
+    last_dq = next(
+        n
+        for n in graph.node
+        if n.output[0] == next(m for m in graph.node if m.op_type == "Identity").input[0]
+    )
+    last_q = next(n for n in graph.node if n.output[0] == last_dq.input[0])
+    identity = next(n for n in graph.node if n.op_type == "Identity")
+    identity.input[0] = last_q.input[0]
+    graph.node.remove(last_dq)
+    graph.node.remove(last_q)
+    path = tmp_path / "float_tail.onnx"
+    onnx.save(model, path)
+    plan = plan_graph(load_model(path).mod, TARGET)
+    assert len(plan.fusion.integer_ops) == 1
+    (kept,) = plan.fusion.kept_float
+    assert kept.op == "matmul" and kept.reason == "its output is not quantized"
+    assert kept.shapes == "4x24 @ 24x10"
+    x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+    got = LoadedModel(build_untuned(plan.prepared, TARGET)).run([x])[0]
+    np.testing.assert_allclose(got, _reference(path, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_weight_computed_at_run_time_stays_in_float_with_the_reason(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.models import IR_VERSION
+
+    inits = [
+        numpy_helper.from_array(np.float32(0.05), "s"),
+        numpy_helper.from_array(np.int8(0), "z"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        helper.make_node("QuantizeLinear", ["w", "s", "z"], ["wq"]),
+        helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["wd"]),
+        helper.make_node("MatMul", ["xd", "wd"], ["m"]),
+        helper.make_node("QuantizeLinear", ["m", "s", "z"], ["mq"]),
+        helper.make_node("DequantizeLinear", ["mq", "s", "z"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "runtime_weight",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 6]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = IR_VERSION
+    path = tmp_path / "runtime_weight.onnx"
+    onnx.save(model, path)
+    plan = plan_graph(load_model(path).mod, TARGET)
+    assert plan.fusion.integer_ops == []
+    (kept,) = plan.fusion.kept_float
+    assert (kept.op, kept.shapes) == ("matmul", "4x8 @ 8x6")
+    assert kept.reason == "its weight is computed at run time"
+
+
+def test_the_report_reaches_the_cli_and_the_api_schema() -> None:
+    from cli.render import fusion_line
+    from service.schemas import FusionOut
+    from tuner.entities import FusionSummary, KeptFloat
+
+    fusion = FusionSummary(
+        operators_before=9,
+        kernels_after=3,
+        distinct_tasks=3,
+        integer_ops=["conv2d 1x8x12x12 * 16x8x3x3 -> int8"],
+        kept_float=[KeptFloat("matmul", "4x24 @ 24x10", "its output is not quantized")],
+    )
+    lines = fusion_line(fusion).splitlines()
+    assert lines[1] == "quantized: 1 convolutions/matmuls in integers (u8 x s8 -> int32), 1 kept in float"
+    assert lines[2] == "  float: matmul 4x24 @ 24x10: its output is not quantized"
+    body = FusionOut.of(fusion).model_dump()
+    assert body["integer_ops"] == fusion.integer_ops
+    assert body["kept_float"] == [
+        {"op": "matmul", "shapes": "4x24 @ 24x10", "reason": "its output is not quantized"}
+    ]
+    assert FusionSummary.from_dict(dataclasses.asdict(fusion)) == fusion
