@@ -25,21 +25,14 @@ from tuner.targets import host_target
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def store(settings: Settings) -> Store:
-    store = Store.from_settings(settings)
-    store.ensure_schema()
-    return store
-
-
-def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(store: Store, tmp_path: Path) -> None:
+def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store, tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, database_url=None, poly_seeds=2)
     model_proto = build_qdq_net("conv", QuantSpec(activation="relu"))
     path = tmp_path / "cnn_int8.onnx"
     onnx.save(model_proto, path)
-    model, _ = register_model(store, settings, path)
-    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=16))
-    result = run_job(store, settings, job.id)
+    model, _ = register_model(sqlite_store, settings, path)
+    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=16))
+    result = run_job(sqlite_store, settings, job.id)
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     assert all(c.ok for c in result.comparisons), result.comparisons
     assert result.fusion.integer_ops == [
@@ -49,7 +42,7 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(store: Store, tmp_p
 
     # The tuned convolution reads u8 activations and s8 weights and accumulates in int32.
     conv = next(t for t in result.tasks if "conv2d" in t.name)
-    tuned = best_schedule(store, result.job, conv).tir
+    tuned = best_schedule(sqlite_store, result.job, conv).tir
     params = re.search(r"def main\((.*)\):", tuned).group(1)  # type: ignore[union-attr]
     assert re.match(r'\w+: T\.Buffer\(\(.*?\), "uint8"\)', params), params  # the activations
     assert re.search(r'conv2d_nhwc_intermediate = T\.sblock_alloc_buffer\(\(.*\), "int32"\)', tuned), tuned

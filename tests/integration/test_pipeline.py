@@ -30,13 +30,6 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def sqlite_store(settings: Settings) -> Store:
-    store = Store.from_settings(settings)
-    store.ensure_schema()
-    return store
-
-
 def _tune(store: Store, settings: Settings, path: Path, trials: int, per_task: int | None = None):
     model, _ = register_model(store, settings, path)
     spec = JobSpec(model_id=model.id, target=host_target(), trials=trials, max_trials_per_task=per_task)
