@@ -24,21 +24,16 @@ from tuner.targets import host_target
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def store(settings: Settings) -> Store:
-    store = Store.from_settings(settings)
-    store.ensure_schema()
-    return store
-
-
-def test_a_small_cnn_tunes_in_the_cpu_poly_space(store: Store, tmp_path: Path) -> None:
+def test_a_small_cnn_tunes_in_the_cpu_poly_space(sqlite_store: Store, tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, database_url=None, poly_seeds=2, default_schedules=False)
     path = tmp_path / "cnn.onnx"
     onnx.save(build_small_cnn(), path)
-    model, _ = register_model(store, settings, path)
-    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=24, space="cpu-poly"))
+    model, _ = register_model(sqlite_store, settings, path)
+    job = submit_job(
+        sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=24, space="cpu-poly")
+    )
     assert job.spec.space == "cpu-poly"
-    result = run_job(store, settings, job.id)
+    result = run_job(sqlite_store, settings, job.id)
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     assert all(c.ok for c in result.comparisons)
 
@@ -53,7 +48,7 @@ def test_a_small_cnn_tunes_in_the_cpu_poly_space(store: Store, tmp_path: Path) -
     assert sum(t.search_stats["examined"] for t in convs) > 0
     measured = sum(t.trials for t in result.tasks)
     assert 0 < measured <= 24
-    assert store.count_records(job_id=job.id) == measured
+    assert sqlite_store.count_records(job_id=job.id) == measured
 
     with tarfile.open(result.artifact.path, "r:gz") as tar:
         manifest = json.loads(tar.extractfile("manifest.json").read())
@@ -64,21 +59,23 @@ def test_a_small_cnn_tunes_in_the_cpu_poly_space(store: Store, tmp_path: Path) -
     np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-4)
 
     # Tuned again, every task starts warm from the stored records: no seeds are measured again.
-    again = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=8, space="cpu-poly"))
-    rerun = run_job(store, settings, again.id)
+    again = submit_job(
+        sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=8, space="cpu-poly")
+    )
+    rerun = run_job(sqlite_store, settings, again.id)
     assert rerun.job.status is JobStatus.SUCCEEDED, rerun.job.error
     assert all(t.search_stats is not None and t.search_stats["seeds"] == 0 for t in rerun.tasks)
 
 
 def test_the_job_records_the_default_space_and_refuses_unknown_ones(
-    store: Store, settings: Settings, tmp_path: Path
+    sqlite_store: Store, settings: Settings, tmp_path: Path
 ) -> None:
     path = tmp_path / "cnn.onnx"
     onnx.save(build_small_cnn(), path)
-    model, _ = register_model(store, settings, path)
-    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=4))
+    model, _ = register_model(sqlite_store, settings, path)
+    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=4))
     assert job.spec.space == "cpu"
     with pytest.raises(InvalidSpec, match="unknown schedule space 'pluto'"):
-        submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=4, space="pluto"))
+        submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=4, space="pluto"))
     with pytest.raises(InvalidSpec, match="for cuda targets"):
-        submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=4, space="gpu"))
+        submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=4, space="gpu"))
