@@ -31,7 +31,7 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     path = tmp_path / "cnn_int8.onnx"
     onnx.save(model_proto, path)
     model, _ = register_model(sqlite_store, settings, path)
-    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=16))
+    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=8))
     result = run_job(sqlite_store, settings, job.id)
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     assert all(c.ok for c in result.comparisons), result.comparisons
