@@ -160,7 +160,7 @@ def test_an_unquantized_output_keeps_the_operator_in_float_and_says_why(tmp_path
 def test_a_weight_computed_at_run_time_stays_in_float_with_the_reason(tmp_path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
-    from tests.models import IR_VERSION
+    from tests.models import _model
 
     inits = [
         numpy_helper.from_array(np.float32(0.05), "s"),
@@ -185,8 +185,7 @@ def test_a_weight_computed_at_run_time_stays_in_float_with_the_reason(tmp_path: 
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])],
         initializer=inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = IR_VERSION
+    model = _model(graph, opset=13)
     path = tmp_path / "runtime_weight.onnx"
     onnx.save(model, path)
     plan = plan_graph(load_model(path).mod, TARGET)

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.artifacts import onnxruntime_output
-from tests.models import IR_VERSION, build_mlp, build_small_cnn
+from tests.models import _model, build_mlp, build_small_cnn
 from tuner.compile import LoadedModel, build_untuned
 from tuner.frontend import load_model
 from tuner.frontend.onnx_qoperator import qoperator_to_qdq
@@ -103,8 +103,7 @@ def test_qlinear_matmul_with_per_column_weight_scales(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
         initializer=inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = IR_VERSION
+    model = _model(graph, opset=13)
     path = tmp_path / "qlinearmatmul.onnx"
     onnx.save(model, path)
     rewritten, count = qoperator_to_qdq(model)

@@ -100,6 +100,11 @@ class _Rewriter:
         value = self.values.get(scale)
         return axis if value is not None and value.size > 1 else (None if value is not None else axis)
 
+    def dequantize_bias(self, bias: str, x_scale: str, w_scale: str) -> str:
+        """An int32 bias dequantized with the input scale times the weight scale(s), as ONNX defines it."""
+        zero = self.const(f"{bias}_zero", np.zeros(1, np.int32)[0])
+        return self.dequantize(bias, self.product(x_scale, w_scale, f"{bias}_scale"), zero, axis=0)
+
     def product(self, a: str, b: str, stem: str) -> str:
         """``a * b`` (two scales): a constant when both are, else a Mul node."""
         if a in self.values and b in self.values:
@@ -123,8 +128,7 @@ def _qlinear_conv(r: _Rewriter, node: onnx.NodeProto) -> None:
     assert x and xs and w and ws and ys
     inputs = [r.dequantize(x, xs, xz), r.dequantize(w, ws, wz, axis=0)]
     if bias:
-        zero = r.const(f"{bias}_zero", np.zeros(1, np.int32)[0])
-        inputs.append(r.dequantize(bias, r.product(xs, ws, f"{bias}_scale"), zero, axis=0))
+        inputs.append(r.dequantize_bias(bias, xs, ws))
     y = r.emit("Conv", inputs, node.output[0], **_attrs(node))
     r.quantize(y, ys, yz, node.output[0])
 
@@ -137,8 +141,7 @@ def _qgemm(r: _Rewriter, node: onnx.NodeProto) -> None:
     b_axis = 0 if attrs.get("transB", 0) else 1
     inputs = [r.dequantize(a, as_, az), r.dequantize(b, bs, bz, axis=b_axis)]
     if c:
-        zero = r.const(f"{c}_zero", np.zeros(1, np.int32)[0])
-        inputs.append(r.dequantize(c, r.product(as_, bs, f"{c}_scale"), zero, axis=0))
+        inputs.append(r.dequantize_bias(c, as_, bs))
     if ys:
         y = r.emit("Gemm", inputs, node.output[0], **attrs)
         r.quantize(y, ys, yz, node.output[0])

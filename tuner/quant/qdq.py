@@ -7,7 +7,7 @@ constant folding then dequantizes the weights: the model runs in fp32. This pass
 
 where ``core`` is ``matmul`` (``W`` constant ``[K, N]``, possibly a transposed constant) or ``conv2d``
 (``W`` constant ``OIHW``, any groups), ``bias`` a constant (float or a dequantized int32) and ``act``
-ReLU, a clip or a max/min against constants, and replaces it by
+ReLU or a max/min against constants (clips, as tuner.elementwise rewrites them), and replaces it by
 
     acc   = core(x_u8, W_s8, out_dtype=int32) - zero-point corrections       (exact in int32)
     y_q   = saturate(round_half_even(float(acc) * s_x*s_w[c]/s_y + bias[c]/s_y) + z_y)
@@ -36,7 +36,8 @@ from tuner.entities import KeptFloat
 
 _Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
 _CORE_OPS = ("relax.matmul", "relax.nn.conv2d")
-_ACTIVATION_OPS = ("relax.nn.relu", "relax.maximum", "relax.minimum", "relax.clip")
+# relax.clip arrives as maximum/minimum: tuner.elementwise runs first
+_ACTIVATION_OPS = ("relax.nn.relu", "relax.maximum", "relax.minimum")
 _LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.nn.max_pool2d", "relax.flatten")
 
 
@@ -46,11 +47,6 @@ class QuantReport:
 
     lowered: list[str] = field(default_factory=list)  # "conv2d 1x3x32x32 * 16x3x3x3 -> int8"
     kept_float: list[KeptFloat] = field(default_factory=list)
-
-    @property
-    def quantized(self) -> bool:
-        """Whether the model holds quantized operators at all (lowered or not)."""
-        return bool(self.lowered or self.kept_float)
 
 
 class _Declined(Exception):
@@ -194,11 +190,6 @@ class _QDQMutator(relax.PyExprMutator):
                 if bound is None:
                     raise _Declined(f"a {name.removeprefix('relax.')} against a tensor computed at run time")
                 low, high = (max(low, bound), high) if name == "relax.maximum" else (low, min(high, bound))
-            elif name == "relax.clip":
-                lo, hi = _prim(expr.args[1]), _prim(expr.args[2])
-                if lo is None or hi is None:
-                    raise _Declined("a clip with bounds computed at run time")
-                low, high = max(low, lo), min(high, hi)
             elif name == "relax.add" and bias is None:
                 core = self._producer(expr.args[0])
                 bias = self._bias(self._producer(expr.args[1]))
@@ -228,7 +219,7 @@ class _QDQMutator(relax.PyExprMutator):
             raise _Declined(f"its bias has {bias.size} values for {channels} output channels")
         if bias is not None and bias.size == 1:
             bias = np.full(channels, bias.item(), np.float32)
-        if not _is_scalar_constant(q.args[1]) or not _is_scalar_constant(q.args[2]):
+        if _scalar_constant(q.args[1]) is None or _scalar_constant(q.args[2]) is None:
             raise _Declined("its output has per-channel quantization parameters")
         return _Chain(core=expr, x=x, w=w, bias=bias, activation=(low, high))
 
@@ -460,19 +451,6 @@ def _const(values: np.ndarray, dtype: str) -> _Constant:
 def _scalar_constant(expr: Any) -> float | None:
     if isinstance(expr, _Constant) and expr.value.numpy().size == 1:
         return float(expr.value.numpy().item())
-    return None
-
-
-def _is_scalar_constant(expr: Any) -> bool:
-    return isinstance(expr, _Constant) and expr.value.numpy().size == 1
-
-
-def _prim(expr: Any) -> float | None:
-    value = getattr(expr, "value", None)
-    if isinstance(value, tvm.tirx.IntImm | tvm.tirx.FloatImm):
-        return float(value.value)
-    if isinstance(expr, tvm.tirx.IntImm | tvm.tirx.FloatImm):
-        return float(expr.value)
     return None
 
 
