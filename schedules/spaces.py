@@ -28,7 +28,7 @@ class SpaceOptions:
     caches: CacheHierarchy = UNKNOWN
     margin: float = 0.5
     pass_through: float = 0.1
-    seeds: int = 8
+    seeds: int = 4
 
 
 @dataclass(frozen=True)

@@ -169,8 +169,10 @@ class FootprintPruner(ms.postproc.PyPostproc):
 
 def seed_schedules(context: Any, machine: MachineModel, count: int, seed: int = 0) -> list[s_tir.Schedule]:
     """Up to ``count`` schedules of the task's design spaces whose tilings are the analysis' best-ranked
-    (:func:`~schedules.poly.tiling.rank_tilings`), postprocessed and ready to build. Other decisions keep
-    the design space's samples. Empty when no tiled block is modelled exactly."""
+    (:func:`~schedules.poly.tiling.rank_tilings`: one per register tile), the ``r``-th best applied to
+    design space ``r`` modulo their number, so that the seeds differ both in tile shape and in the
+    spaces' other choices (cache reads and writes, unrolling); postprocessed and ready to build. Other
+    decisions keep the design space's samples. Empty when no tiled block is modelled exactly."""
     mod = context.mod
     program = _program_of(mod)
     if program is None or count <= 0:
@@ -184,20 +186,21 @@ def seed_schedules(context: Any, machine: MachineModel, count: int, seed: int = 
             if statement is not None:
                 ranked = rank_tilings(statement, traced.structure, machine, count, seed=seed)
                 per_space[index].append((traced, ranked))
+    modelled = [(space, blocks) for space, blocks in zip(spaces, per_space, strict=True) if blocks]
     seeds: list[s_tir.Schedule] = []
-    rank = 0
-    while len(seeds) < count and rank < count:
-        for space, blocks in zip(spaces, per_space, strict=True):
-            if len(seeds) >= count or not blocks or any(rank >= len(r) for _, r in blocks):
-                continue
-            trace = space.trace
-            for traced, ranked in blocks:
-                for inst, factors in zip(traced.instructions, ranked[rank].factors, strict=True):
-                    trace = trace.with_decision(inst, list(factors), True)
-            sch = s_tir.Schedule(mod, seed=seed + rank + 1, debug_mask="all")
-            trace.apply_to_schedule(sch, remove_postproc=True)
-            sch.enter_postproc()
-            if all(p.apply(sch) for p in postprocs):
-                seeds.append(sch)
-        rank += 1
+    for rank in range(count):
+        if not modelled:
+            break
+        space, blocks = modelled[rank % len(modelled)]
+        if any(rank >= len(ranked) for _, ranked in blocks):
+            continue
+        trace = space.trace
+        for traced, ranked in blocks:
+            for inst, factors in zip(traced.instructions, ranked[rank].factors, strict=True):
+                trace = trace.with_decision(inst, list(factors), True)
+        sch = s_tir.Schedule(mod, seed=seed + rank + 1, debug_mask="all")
+        trace.apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        if all(p.apply(sch) for p in postprocs):
+            seeds.append(sch)
     return seeds

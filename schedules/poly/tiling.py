@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedules.poly.caches import CacheHierarchy
-from schedules.poly.footprint import tile_footprint_bytes
-from schedules.poly.program import LoopKind, Statement
+from schedules.poly.footprint import tile_footprint, tile_footprint_bytes
+from schedules.poly.program import AccessKind, LoopKind, Statement
 
 #: Cache levels each cut of an ``SSRSRS`` tiling should fit in: the data one iteration of the loop at
 #: that position touches. Below the outer reduction loop (``R0``) the tile streams its inner reduction
@@ -118,9 +118,16 @@ class MachineModel:
 
 def modelled_cycles(statement: Statement, tiling: Tiling, machine: MachineModel) -> float:
     """A roofline-style estimate of the tiling's cycles per thread: the larger of its vector FMA cycles
-    (inefficient when the vector loop's innermost factor wastes lanes or too few accumulators hide the
-    FMA latency) and the cycles to move each cut's data into the cache it fits in, divided over the
-    threads the outer spatial loops can feed."""
+    (inefficient when the vector loop's innermost factor wastes lanes, too few accumulators hide the
+    FMA latency, or the register tile's loads and accumulator reloads outnumber its FMAs) and the cycles
+    to move each cut's data into the cache it fits in, divided over the threads the outer spatial loops
+    can feed."""
+    return modelled_costs(statement, tiling, machine)[0]
+
+
+def modelled_costs(statement: Statement, tiling: Tiling, machine: MachineModel) -> tuple[float, float]:
+    """:func:`modelled_cycles`, and the cycles of all levels' data movement added up: the ranking's
+    tie-break between tilings the roofline finds equally compute-bound (less traffic, more slack)."""
     loops = statement.loops
     iterations = math.prod(loop.extent for loop in loops)
     inner = [f[-1] for f in tiling.factors]
@@ -135,9 +142,10 @@ def modelled_cycles(statement: Statement, tiling: Tiling, machine: MachineModel)
     if accumulators > registers:
         chain_efficiency *= registers / accumulators
     compute = iterations / machine.lanes / (lane_efficiency * chain_efficiency)
+    compute *= _register_tile_overhead(statement, inner, vector, machine.lanes, accumulators)
     # Data movement: each cache level is filled by the outermost cut that fits in it, once per tile.
     names = cut_names(tiling.structure)
-    memory = 0.0
+    memory = traffic = 0.0
     bandwidths = list(machine.level_bandwidth)
     levels = list(machine.caches.levels)
     for index, level in enumerate(levels):
@@ -155,12 +163,46 @@ def modelled_cycles(statement: Statement, tiling: Tiling, machine: MachineModel)
         tiles = iterations / math.prod(tile)
         bandwidth = bandwidths[index] if index < len(bandwidths) else machine.memory_bandwidth
         memory = max(memory, tiles * footprint / bandwidth)
+        traffic += tiles * footprint / bandwidth
     outer = math.prod(f[0] for i, f in enumerate(tiling.factors) if i in spatial) if spatial else 1
     threads_used = min(machine.threads, outer)
     balance = (
         outer / (math.ceil(outer / machine.threads) * machine.threads) if outer >= machine.threads else 1.0
     )
-    return max(compute, memory) / max(1, threads_used) / balance
+    scale = max(1, threads_used) * balance
+    return max(compute, memory) / scale, traffic / scale
+
+
+def inner_shape(tiling: Tiling) -> tuple[int, ...]:
+    """The innermost factor of each loop: the register tile, whose last spatial entry is the vector loop."""
+    return tuple(f[-1] for f in tiling.factors)
+
+
+def _register_tile_overhead(
+    statement: Statement, inner: Sequence[int], vector: int, lanes: int, accumulators: int
+) -> float:
+    """How much slower than its FMAs the register tile (the innermost factors) runs: per reduction step
+    it loads each input's part of the tile (whole vectors where the input moves with the vector loop,
+    one broadcast per element elsewhere; loads and vector FMAs issue at the same rate on the x86 cores
+    seen), and after each chunk of inner reduction steps its accumulators are stored and reloaded.
+    1.0 for a tile whose FMAs hide its loads over a long chunk."""
+    loops = statement.loops
+    reductions = [i for i, loop in enumerate(loops) if loop.kind is LoopKind.REDUCTION]
+    step = tuple(1 if i in reductions else f for i, f in enumerate(inner))
+    narrow = tuple(1 if i == vector else f for i, f in enumerate(step))
+    written = {a.tensor.name for a in statement.accesses if a.kind is AccessKind.WRITE}
+    wide, scalar = tile_footprint(statement, step), tile_footprint(statement, narrow)
+    loads = 0.0
+    for name, elements in wide.items():
+        if name not in written:
+            moves = elements > scalar[name]
+            loads += math.ceil(elements * lanes / max(1, inner[vector]) / lanes) if moves else elements
+    fmas = max(1, accumulators)
+    overhead = max(fmas, loads) / fmas
+    if reductions:
+        chunk = math.prod(inner[i] for i in reductions)
+        overhead += 2 * accumulators / (chunk * fmas)  # a store and a reload per accumulator and chunk
+    return overhead
 
 
 def rank_tilings(
@@ -171,11 +213,17 @@ def rank_tilings(
     samples: int = 2000,
     max_innermost: int = 64,
     seed: int = 0,
+    diverse: bool = True,
 ) -> list[Tiling]:
-    """The ``count`` best of ``samples`` random tilings by :func:`modelled_cycles`, distinct."""
+    """The ``count`` best of ``samples`` random tilings by :func:`modelled_costs` (cycles, then traffic).
+
+    ``diverse``: at most one tiling per :func:`inner_shape` (the best-modelled of each), so that the
+    tilings differ where the model is least sure (register tile, vector width) rather than only in
+    their outer factors; the best-ranked of the rest fill up when there are fewer shapes than ``count``.
+    """
     rng = random.Random(seed)
     parts = {"S": structure.count("S"), "R": structure.count("R")}
-    scored: dict[Tiling, float] = {}
+    scored: dict[Tiling, tuple[float, float]] = {}
     for _ in range(samples):
         factors = tuple(
             _random_perfect_tile(rng, loop.extent, parts[_kind_char(loop.kind)], max_innermost)
@@ -183,8 +231,18 @@ def rank_tilings(
         )
         tiling = Tiling(structure, factors)
         if tiling not in scored:
-            scored[tiling] = modelled_cycles(statement, tiling, machine)
-    return sorted(scored, key=scored.__getitem__)[:count]
+            scored[tiling] = modelled_costs(statement, tiling, machine)
+    ranked = sorted(scored, key=scored.__getitem__)
+    if not diverse:
+        return ranked[:count]
+    chosen: list[Tiling] = []
+    shapes: set[tuple[int, ...]] = set()
+    for tiling in ranked:
+        if len(chosen) < count and inner_shape(tiling) not in shapes:
+            chosen.append(tiling)
+            shapes.add(inner_shape(tiling))
+    picked = set(chosen)
+    return chosen + [t for t in ranked if t not in picked][: count - len(chosen)]
 
 
 def matches(statement: Statement, factors: Sequence[Sequence[int]]) -> bool:
