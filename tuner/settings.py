@@ -65,7 +65,9 @@ class Settings(BaseSettings):
         default=0.1, ge=0, le=1, description="cpu-poly: fraction of rejected candidates searched anyway"
     )
     poly_seeds: int = Field(
-        default=4, ge=0, description="cpu-poly: tilings (best-ranked, one per register tile) measured per task first"
+        default=4,
+        ge=0,
+        description="cpu-poly: tilings (best-ranked, one per register tile) measured per task first",
     )
     verify_rtol: float = Field(default=1e-3, gt=0, description="Relative tolerance of artifact checks")
     verify_atol: float = Field(default=1e-4, gt=0, description="Absolute tolerance of artifact checks")
