@@ -11,7 +11,15 @@ import typer
 from rich.table import Table
 
 from cli.app import app, current_settings, open_store
-from cli.render import console, fmt, print_latency_report, print_outcome, print_tuning_time, task_table
+from cli.render import (
+    console,
+    fmt,
+    print_accuracy,
+    print_latency_report,
+    print_outcome,
+    print_tuning_time,
+    task_table,
+)
 from tuner.errors import KilnError
 
 
@@ -51,6 +59,7 @@ def status(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
     console.print(task_table(store.list_tasks(job.id), "tasks"))
     print_outcome(job)
     print_latency_report(job.latency_report)
+    print_accuracy(job.accuracy)
 
 
 @app.command()

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.durations import format_duration
-from tuner.entities import FusionSummary, Job, LatencyReport, Task
+from tuner.entities import AccuracyReport, FusionSummary, Job, LatencyReport, Task
 
 if TYPE_CHECKING:
     from rich.progress import Task as ProgressTask
@@ -61,6 +61,13 @@ def fusion_line(fusion: FusionSummary) -> str:
             f"{len(fusion.kept_float)} kept in float"
         )
         line += "".join(f"\n  float: {k.op} {k.shapes}: {k.reason}" for k in fusion.kept_float)
+    if fusion.integer_kernels == "vnni":
+        line += (
+            f"\n  on VNNI (vpdpbusd, packed weights): {len(fusion.vnni_packed)} of {len(fusion.integer_ops)}"
+        )
+        line += "".join(f"\n  plain integer kernel: {why}" for why in fusion.vnni_unpacked)
+    elif fusion.integer_kernels == "plain":
+        line += "\n  integer kernels: plain tiled loops (this CPU has no AVX512-VNNI)"
     return line
 
 
@@ -147,6 +154,17 @@ def print_latency_report(report: LatencyReport | None) -> None:
         console.print(f"  each round timed every implementation once, in a fresh process; {rounds} rounds")
     for warning in report.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}")
+
+
+def print_accuracy(report: AccuracyReport | None) -> None:
+    """A quantized job's outputs against the reference: per output, steps off, share beyond one, cosine."""
+    if report is None:
+        return
+    console.print(f"accuracy against {report.reference} over {report.inputs} seeded inputs:", highlight=False)
+    for o in report.outputs:
+        off = f"up to {o.max_steps:.2f} steps" if o.max_steps is not None else f"max |diff| {o.max_abs:.3g}"
+        beyond = f", {o.beyond_one_step:.2%} beyond one step" if o.beyond_one_step is not None else ""
+        console.print(f"  {o.name}: {off}{beyond}, cosine {o.cosine:.6f}", highlight=False)
 
 
 def print_tuning_time(job: Job) -> None:

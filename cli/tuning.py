@@ -18,6 +18,7 @@ from cli.render import (
     RichListener,
     console,
     fusion_line,
+    print_accuracy,
     print_latency_report,
     print_outcome,
     print_polyhedral,
@@ -119,6 +120,7 @@ def tune(
             ratio = ms / result.job.tuned_latency_ms
             console.print(f"{peer} {ms:.3f} ms (Kiln is {ratio:.2f}x as fast)")
     print_latency_report(result.latency.report)
+    print_accuracy(result.job.accuracy)
     if result.artifact is not None:
         path = Path(result.artifact.path)
         if out is not None:

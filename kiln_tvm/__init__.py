@@ -49,15 +49,19 @@ def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu")) -
     """Register only the CPU tensor intrinsics instead of importing all of ``tvm.s_tir.tensor_intrin``.
 
     Installs a package stub under the real name, so later ``import tvm.s_tir.tensor_intrin`` (inside
-    ``TuneContext`` or a builder) is a no-op.
+    ``TuneContext`` or a builder) is a no-op. The VNNI dot product is replaced by one that builds
+    (:mod:`kiln_tvm.x86_vnni`).
     """
-    if _TENSOR_INTRIN in sys.modules:
-        return
-    stub = types.ModuleType(_TENSOR_INTRIN)
-    stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
-    sys.modules[_TENSOR_INTRIN] = stub
-    for name in keep:
-        importlib.import_module(f"{_TENSOR_INTRIN}.{name}")
+    if _TENSOR_INTRIN not in sys.modules:
+        stub = types.ModuleType(_TENSOR_INTRIN)
+        stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
+        sys.modules[_TENSOR_INTRIN] = stub
+        for name in keep:
+            importlib.import_module(f"{_TENSOR_INTRIN}.{name}")
+    if "x86" in keep:
+        from kiln_tvm.x86_vnni import register_vnni_intrinsic
+
+        register_vnni_intrinsic()
 
 
 def runner_device_type(target: Target) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from kiln_tvm import Target, ms
 from schedules.poly.caches import UNKNOWN, CacheHierarchy
 from schedules.poly.search import FootprintPruner, PruningStats
+from schedules.vnni import VnniTiling, has_vnni
 
 SpaceFactory = Callable[[Target, "SpaceOptions", PruningStats], Any]
 
@@ -80,7 +81,9 @@ def check_space(name: str, target_kind: str) -> None:
         )
 
 
-def _cpu_rules() -> list[Any]:
+def _cpu_rules(target: Target) -> list[Any]:
+    # On VNNI CPUs, the integer kernels packed for it are tensorized first (schedules.vnni).
+    vnni = [VnniTiling()] if has_vnni(target) else []
     return [
         ms.schedule_rule.ApplyCustomRule(),
         ms.schedule_rule.InlineConstantScalars(),
@@ -94,6 +97,7 @@ def _cpu_rules() -> list[Any]:
             disallow_op=["tirx.exp"],
         ),
         ms.schedule_rule.AddRFactor(max_jobs_per_core=16, max_innermost_factor=64),
+        *vnni,
         ms.schedule_rule.MultiLevelTiling(
             structure="SSRSRS",
             tile_binds=None,
@@ -112,11 +116,14 @@ def _cpu_rules() -> list[Any]:
     ]
 
 
-def _cpu_postprocs() -> list[Any]:
+def _cpu_postprocs(target: Target) -> list[Any]:
+    # TVM's DefaultCPUTensorization postprocessors where a rule may tensorize.
+    tensorize = [ms.postproc.RewriteTensorize(vectorize_init_loop=True)] if has_vnni(target) else []
     return [
         ms.postproc.DisallowDynamicLoop(),
         ms.postproc.RewriteParallelVectorizeUnroll(),
         ms.postproc.RewriteReductionBlock(),
+        *tensorize,
         ms.postproc.RewriteLayout(),
     ]
 
@@ -134,11 +141,11 @@ def _cpu_mutators() -> dict[Any, float]:
 def cpu_space(target: Target, options: SpaceOptions, stats: PruningStats) -> Any:
     """Multi-level tiling (SSRSRS) with a write cache, parallel/vectorize/unroll, inlining, rfactor.
 
-    TVM's own LLVM defaults, minus the VNNI tensorization rule: on fp32 it never applies and on
-    int8 every candidate failed to build with TVM 0.27 (see TVM_NOTES.md).
+    TVM's own x86 defaults, with its VNNI tensorization rule limited to the integer kernels whose
+    weights Kiln packed for it (:mod:`schedules.vnni`), on CPUs that have VNNI.
     """
     return ms.space_generator.PostOrderApply(
-        sch_rules=_cpu_rules(), postprocs=_cpu_postprocs(), mutator_probs=_cpu_mutators()
+        sch_rules=_cpu_rules(target), postprocs=_cpu_postprocs(target), mutator_probs=_cpu_mutators()
     )
 
 
@@ -151,7 +158,9 @@ def cpu_poly_space(target: Target, options: SpaceOptions, stats: PruningStats) -
     """
     pruner = FootprintPruner(options.caches, options.margin, options.pass_through, stats)
     return ms.space_generator.PostOrderApply(
-        sch_rules=_cpu_rules(), postprocs=[pruner, *_cpu_postprocs()], mutator_probs=_cpu_mutators()
+        sch_rules=_cpu_rules(target),
+        postprocs=[pruner, *_cpu_postprocs(target)],
+        mutator_probs=_cpu_mutators(),
     )
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from tuner.entities import (
     DEFAULT_TRIALS,
+    AccuracyReport,
     FusionSummary,
     Job,
     JobStatus,
@@ -98,6 +99,15 @@ class FusionOut(EntityOut):
     )
     kept_float: list[KeptFloatOut] = Field(
         default_factory=list, description="Quantized operators left in float, and why"
+    )
+    integer_kernels: str = Field(
+        default="",
+        description="How the integer kernels compute: 'vnni' (weights packed for the vpdpbusd dot product "
+        "where they fit), 'plain' (tiled integer loops: the CPU has no AVX512-VNNI), '' without any",
+    )
+    vnni_packed: list[str] = Field(default_factory=list, description="Integer operators on VNNI kernels")
+    vnni_unpacked: list[str] = Field(
+        default_factory=list, description="Integer operators on a VNNI CPU left on plain kernels, and why"
     )
 
     @classmethod
@@ -216,6 +226,25 @@ class LatencyReportOut(BaseModel):
         )
 
 
+class OutputAccuracyOut(EntityOut):
+    name: str
+    step: float | None = Field(description="One quantization step (LSB) of the output; null: a float output")
+    max_abs: float = Field(description="Largest absolute difference from the reference")
+    max_steps: float | None = Field(description="That difference in steps (LSB)")
+    beyond_one_step: float | None = Field(description="Share of the elements more than one step off")
+    cosine: float = Field(description="Cosine similarity with the reference over all elements")
+
+
+class AccuracyOut(EntityOut):
+    reference: str = Field(description="What the outputs were compared with (onnxruntime, same model)")
+    inputs: int = Field(description="Seeded inputs compared")
+    outputs: list[OutputAccuracyOut]
+
+    @classmethod
+    def of(cls, report: AccuracyReport) -> AccuracyOut:
+        return cls.from_entity(report, outputs=[OutputAccuracyOut.from_entity(o) for o in report.outputs])
+
+
 class JobOut(EntityOut):
     id: str
     model_id: str
@@ -241,6 +270,10 @@ class JobOut(EntityOut):
     )
     latency_report: LatencyReportOut | None = Field(
         description="How the latencies were measured: every round of every implementation, and warnings"
+    )
+    accuracy: AccuracyOut | None = Field(
+        default=None,
+        description="Quantized models: the tuned outputs against onnxruntime over seeded inputs, in steps",
     )
     speedup: float | None
     error: str | None
@@ -273,6 +306,7 @@ class JobOut(EntityOut):
             progress=ProgressOut(**progress),
             reference_latency_ms=dict(job.reference_latency_ms),
             latency_report=LatencyReportOut.of(job.latency_report) if job.latency_report else None,
+            accuracy=AccuracyOut.of(job.accuracy) if job.accuracy else None,
         )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import Target, relax, tvm
+from kiln_tvm import Target, register_cpu_tensor_intrinsics, relax, tvm
 from tuner.entities import ModelSignature, TensorSpec
 from tuner.tasks import GraphPlan
 
@@ -18,6 +18,7 @@ def build_tuned(plan: GraphPlan, target: Target, database: Any) -> Any:
     Tasks without a record keep TVM's default (unscheduled) code. On CPU, weights are re-laid-out
     once at compile time to the layout the tuned kernels chose.
     """
+    register_cpu_tensor_intrinsics()  # records of VNNI kernels replay a Tensorize instruction
     with target, database, tvm.transform.PassContext(opt_level=3):
         mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(plan.lowered)
         if plan.weight_prepack:

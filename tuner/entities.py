@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -145,6 +145,11 @@ class FusionSummary:
     operator_histogram: dict[str, int] = field(default_factory=dict)
     integer_ops: list[str] = field(default_factory=list)  # "conv2d 1x3x32x32 * 16x3x3x3 -> int8"
     kept_float: list[KeptFloat] = field(default_factory=list)
+    #: How the integer kernels compute: "vnni" (weights packed for vpdpbusd where they fit), "plain"
+    #: (tiled integer loops: the CPU has no AVX512-VNNI); "" without integer kernels.
+    integer_kernels: str = ""
+    vnni_packed: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
+    vnni_unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: why"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FusionSummary:
@@ -347,6 +352,40 @@ class LatencyReport:
 
 
 @dataclass(frozen=True)
+class OutputAccuracy:
+    """How one output of a quantized model's tuned build compares with the reference over seeded inputs."""
+
+    name: str
+    step: float | None  # one quantization step of the output (its DequantizeLinear scale); None: float
+    max_abs: float
+    max_steps: float | None  # max_abs in steps (LSB)
+    beyond_one_step: float | None  # share of the elements more than one step off
+    cosine: float  # cosine similarity of all the elements, flattened
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    """A quantized job's outputs against a reference (onnxruntime on the same model) over seeded inputs."""
+
+    reference: str
+    inputs: int
+    outputs: tuple[OutputAccuracy, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "inputs": self.inputs,
+            "outputs": [asdict(o) for o in self.outputs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AccuracyReport:
+        return cls(
+            data["reference"], int(data["inputs"]), tuple(OutputAccuracy(**o) for o in data["outputs"])
+        )
+
+
+@dataclass(frozen=True)
 class Job:
     """A tuning job and its outcome."""
 
@@ -370,6 +409,7 @@ class Job:
     trials_total: int = 0
     reference_latency_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"onnxruntime": 0.1}
     latency_report: LatencyReport | None = None  # how the latencies above were measured
+    accuracy: AccuracyReport | None = None  # quantized models: the outputs against onnxruntime
     tuning_s: float = 0.0  # seconds spent tuning, all attempts, up to ``tuning_since``
     tuning_since: datetime | None = None  # while tuning: when ``tuning_s`` was last brought up to date
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import tuner
-from kiln_tvm import ms, s_tir
+from kiln_tvm import ms, register_cpu_tensor_intrinsics, s_tir
 from schedules.poly.analysis import PolyhedralAnalysis, analyse_prim_func
 from schedules.poly.caches import UNKNOWN, CacheHierarchy, parse_cache_spec
 from schedules.poly.report import tiling_report
@@ -39,9 +39,9 @@ class BestSchedule:
 
 
 #: Bumped when what a stored plan holds changes (2: the tasks' polyhedral analyses; 3: the quantized
-#: operators lowered to integers and those kept in float), so older plans are planned again rather than
-#: served without it.
-PLAN_FORMAT = 3
+#: operators lowered to integers and those kept in float; 4: integer kernels packed for VNNI), so older
+#: plans are planned again rather than served without it.
+PLAN_FORMAT = 4
 
 
 def plan_model(
@@ -157,6 +157,7 @@ def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) 
     record_data = json.loads(found.record_json)
     workload = ms.database.Workload.from_json(json.loads(found.workload_json))
     record = ms.database.TuningRecord.from_json(record_data, workload)
+    register_cpu_tensor_intrinsics()  # a VNNI kernel's trace tensorizes
     sch = s_tir.Schedule(workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     latency_us = found.mean_run_sec * 1e6

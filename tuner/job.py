@@ -35,7 +35,7 @@ from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
 from tuner.tasks import GraphPlan, plan_graph
 from tuner.tune import Budget, MeasureConfig, check_cost_model, tune_tasks
-from tuner.verify import Comparison, Latencies, measure_latencies, verify_outputs
+from tuner.verify import Comparison, Latencies, measure_accuracy, measure_latencies, verify_outputs
 
 log = logging.getLogger(__name__)
 
@@ -257,11 +257,14 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     tuned_lib = export_library(tuned_exe, build_dir / "model.so")
     comparisons: list[Comparison] = []
     latency = Latencies()
+    accuracy = None
     if is_host_cpu(spec.target):
         recorder.stage("verifying")
         inputs = random_inputs(imported.signature, spec.seed)
         untuned_exe = build_untuned(imported.mod, target)
         comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs)
+        if plan.fusion.integer_ops or plan.fusion.kept_float:  # a quantized model
+            accuracy = measure_accuracy(imported, tuned_exe, spec.seed)
         recorder.stage("measuring")
         latency = measure_latencies(
             imported, untuned_exe, tuned_lib, build_dir, inputs, settings.latency_rounds
@@ -270,13 +273,13 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     recorder.stage("packaging")
     tasks = store.list_tasks(job.id)
     manifest = job_manifest(
-        store.get_job(job.id), model, imported, plan, tasks, latency, comparisons, settings
+        store.get_job(job.id), model, imported, plan, tasks, latency, comparisons, settings, accuracy
     )
     rows = store.job_records(job, scope)
     packed = pack_artifact(tuned_lib, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
     shutil.rmtree(build_dir, ignore_errors=True)
     artifact = recorder.artifact(str(packed.path.resolve()), packed.sha256, packed.size_bytes)
-    recorder.succeeded(latency)
+    recorder.succeeded(latency, accuracy)
     return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
 
 

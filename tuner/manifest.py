@@ -10,7 +10,7 @@ from typing import Any
 
 import tuner
 from kiln_tvm import tvm
-from tuner.entities import Job, ModelInfo, Task
+from tuner.entities import AccuracyReport, Job, ModelInfo, Task
 from tuner.frontend import ImportedModel
 from tuner.settings import Settings
 from tuner.tasks import GraphPlan
@@ -27,6 +27,7 @@ def job_manifest(
     latency: Latencies,
     comparisons: list[Comparison],
     settings: Settings,
+    accuracy: AccuracyReport | None = None,
 ) -> dict[str, Any]:
     """The JSON manifest of ``job``'s artifact (``manifest.json`` in the archive)."""
     return {
@@ -48,6 +49,10 @@ def job_manifest(
         "quantization": {
             "integer_ops": plan.fusion.integer_ops,
             "kept_float": [dataclasses.asdict(k) for k in plan.fusion.kept_float],
+            "integer_kernels": plan.fusion.integer_kernels,
+            "vnni_packed": plan.fusion.vnni_packed,
+            "vnni_unpacked": plan.fusion.vnni_unpacked,
+            "accuracy": accuracy.to_dict() if accuracy is not None else None,
         },
         "tasks": [
             {

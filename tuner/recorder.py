@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from tuner.entities import Artifact, FusionSummary, JobStatus, Task
+from tuner.entities import AccuracyReport, Artifact, FusionSummary, JobStatus, Task
 from tuner.errors import Conflict
 from tuner.store.models import utcnow
 
@@ -114,8 +114,9 @@ class JobRecorder:
         """The packed artifact of the job."""
         return self.store.add_artifact(self.job_id, path, sha256, size_bytes)
 
-    def succeeded(self, latency: Latencies) -> None:
-        """The job ended well, with the end-to-end latencies it measured (if any)."""
+    def succeeded(self, latency: Latencies, accuracy: AccuracyReport | None = None) -> None:
+        """The job ended well, with the end-to-end latencies it measured (if any) and, for a quantized
+        model, its accuracy against onnxruntime."""
         self.store.finish_job(
             self.job_id,
             JobStatus.SUCCEEDED,
@@ -123,6 +124,7 @@ class JobRecorder:
             tuned_latency_ms=latency.tuned_ms,
             reference_latency_ms=latency.references_ms,
             latency_report=latency.report,
+            accuracy=accuracy,
         )
 
     def ended(self, status: JobStatus, reason: str) -> None:

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
+from schedules.vnni import has_vnni
 from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, TaskInfo
 from tuner.quant.qdq import QuantReport, lower_qdq
+from tuner.quant.vnni import VnniReport, keep_packed_layouts, pack_for_vnni
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,10 @@ CONV_LAYOUTS = {"NHWC": {"relax.nn.conv2d": ["NHWC", "OHWI"]}}
 
 
 def inference_passes(
-    conv_layout: str | None = None, fast_math: bool = False, quant_report: QuantReport | None = None
+    conv_layout: str | None = None,
+    fast_math: bool = False,
+    quant_report: QuantReport | None = None,
+    vnni_report: VnniReport | None = None,
 ) -> tvm.transform.Pass:
     """Inference simplifications run before legalization.
 
@@ -44,6 +49,9 @@ def inference_passes(
     vectorize over output channels and write contiguously; transposes appear only at the graph's
     edges). Batch-norm is decomposed so that it fuses into the preceding convolution's epilogue;
     constant folding and common-subexpression elimination shrink the graph before fusion.
+
+    With a ``vnni_report`` (CPUs with AVX512-VNNI), the integer matmuls and NHWC convolutions whose
+    weights fit are then put on kernels over weights packed for ``vpdpbusd`` (:mod:`tuner.quant.vnni`).
 
     With ``fast_math``, ``exp``, ``erf``, ``tanh`` and softmax use TVM's polynomial approximations
     (``topi.fast_exp``...): LLVM lowers the exact ones to a scalar libm call per element (an erf costs
@@ -63,6 +71,7 @@ def inference_passes(
             relax.transform.EliminateCommonSubexpr(),
             relax.transform.FoldConstant(),
             relax.transform.DeadCodeElimination(),
+            *([pack_for_vnni(vnni_report)] if vnni_report is not None else []),
         ]
     )
 
@@ -91,7 +100,7 @@ def lower_graph(prepared: tvm.IRModule, target: Target, weight_prepack: bool) ->
     with target:
         lowered = relax.get_pipeline("zero")(prepared)
         if weight_prepack:
-            lowered = relax.transform.AttachAttrLayoutFreeBuffers()(lowered)
+            lowered = keep_packed_layouts(relax.transform.AttachAttrLayoutFreeBuffers()(lowered))
     return lowered
 
 
@@ -130,7 +139,8 @@ def plan_graph(
     prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
     quant = QuantReport()
-    prepared = inference_passes(cpu_conv_layout if cpu else None, fast_math and cpu, quant)(mod)
+    vnni = VnniReport() if cpu and has_vnni(target) else None
+    prepared = inference_passes(cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni)(mod)
     lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]
@@ -141,6 +151,9 @@ def plan_graph(
         operator_histogram=operators,
         integer_ops=quant.lowered,
         kept_float=quant.kept_float,
+        integer_kernels=("vnni" if vnni is not None else "plain") if quant.lowered else "",
+        vnni_packed=vnni.packed if vnni is not None else [],
+        vnni_unpacked=vnni.unpacked if vnni is not None else [],
     )
     return GraphPlan(
         prepared=prepared,

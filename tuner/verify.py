@@ -6,15 +6,17 @@ slow each other), on the same seeded inputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tuner.accuracy import ACCURACY_INPUTS, accuracy_report, require_accuracy
 from tuner.artifact import export_library
-from tuner.compile import LoadedModel
-from tuner.entities import LatencyReport, ModelFormat
+from tuner.compile import LoadedModel, random_inputs
+from tuner.entities import AccuracyReport, LatencyReport, ModelFormat
 from tuner.errors import VerificationFailed
 from tuner.frontend import ImportedModel
 from tuner.frontend.onnx_qoperator import dequantized_output_steps
@@ -121,6 +123,28 @@ def verify_outputs(
     return comparisons
 
 
+def measure_accuracy(imported: ImportedModel, tuned_exe: Any, seed: int) -> AccuracyReport | None:
+    """A quantized ONNX model's tuned outputs against onnxruntime's over :data:`ACCURACY_INPUTS` seeded
+    inputs (:mod:`tuner.accuracy`); :class:`~tuner.errors.VerificationFailed` beyond one step. None when
+    onnxruntime is not installed or the model is not ONNX."""
+    reference = _onnxruntime_runner(imported)
+    if reference is None:
+        return None
+    model = LoadedModel(tuned_exe)
+    actual, expected = [], []
+    for index in range(ACCURACY_INPUTS):
+        inputs = random_inputs(imported.signature, seed + index)
+        actual.append(model.run(inputs))
+        expected.append(reference(inputs))
+    names = [spec.name for spec in imported.signature.outputs]
+    steps = dequantized_output_steps(imported.canonical_bytes)
+    if len(steps) != len(names):
+        steps = [None] * len(names)
+    report = accuracy_report(actual, expected, names, steps, "onnxruntime")
+    require_accuracy(report)
+    return report
+
+
 def output_tolerances(imported: ImportedModel, atol: float, outputs: int) -> list[float]:
     """The absolute tolerance of each output: ``atol``, or one quantization step (and a hair) for an
     output a quantized model dequantizes, where integer kernels may round a tie the other way."""
@@ -161,13 +185,23 @@ def _has_onnxruntime() -> bool:
 
 
 def _onnxruntime_outputs(imported: ImportedModel, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
+    run = _onnxruntime_runner(imported)
+    return run(inputs) if run is not None else None
+
+
+def _onnxruntime_runner(imported: ImportedModel) -> Callable[[list[np.ndarray]], list[np.ndarray]] | None:
+    """onnxruntime's session of the model as a function of the inputs (None: not ONNX, or not installed)."""
     if imported.format is not ModelFormat.ONNX or not _has_onnxruntime():
         return None
     import onnxruntime
 
     session = onnxruntime.InferenceSession(imported.canonical_bytes, providers=["CPUExecutionProvider"])
-    feed = {spec.name: x for spec, x in zip(imported.signature.inputs, inputs, strict=True)}
-    return [np.asarray(o) for o in session.run(None, feed)]
+
+    def run(inputs: list[np.ndarray]) -> list[np.ndarray]:
+        feed = {spec.name: x for spec, x in zip(imported.signature.inputs, inputs, strict=True)}
+        return [np.asarray(o) for o in session.run(None, feed)]
+
+    return run
 
 
-__all__ = ["TUNED", "UNTUNED", "Latencies", "measure_latencies", "verify_outputs"]
+__all__ = ["TUNED", "UNTUNED", "Latencies", "measure_accuracy", "measure_latencies", "verify_outputs"]

@@ -150,7 +150,9 @@ def test_task_preview_lists_fused_kernels(client: TestClient, mlp_model: dict) -
 
 
 def test_a_quantized_model_preview_says_what_runs_in_integers(client: TestClient) -> None:
+    from schedules.vnni import has_vnni
     from tests.quant_models import QuantSpec, build_qdq_net
+    from tuner.targets import host_target, to_tvm_target
 
     data = onnx_bytes(build_qdq_net("matmul", QuantSpec()))
     uploaded = client.post("/api/v1/models", files={"file": ("mlp_int8.onnx", data)})
@@ -160,6 +162,15 @@ def test_a_quantized_model_preview_says_what_runs_in_integers(client: TestClient
     fusion = response.json()["fusion"]
     assert fusion["integer_ops"] == ["matmul 4x32 @ 32x24 -> int8", "matmul 4x24 @ 24x10 -> int8"]
     assert fusion["kept_float"] == []
+    # Neither has a multiple of 16 output columns: on a VNNI CPU both stay on plain integer kernels.
+    if has_vnni(to_tvm_target(host_target())):
+        assert fusion["integer_kernels"] == "vnni" and fusion["vnni_packed"] == []
+        assert fusion["vnni_unpacked"] == [
+            "matmul 4x32 @ 32x24: 24 output columns (a multiple of 16 is packed)",
+            "matmul 4x24 @ 24x10: 10 output columns (a multiple of 16 is packed)",
+        ]
+    else:
+        assert fusion["integer_kernels"] == "plain"
 
 
 def test_task_preview_with_a_bad_target_is_422(client: TestClient, mlp_model: dict) -> None:

@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 import pytest
 
+from schedules.vnni import has_vnni
+from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.entities import JobSpec, JobStatus
@@ -20,7 +22,7 @@ from tuner.job import run_job, submit_job
 from tuner.models import register_model
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.targets import host_target
+from tuner.targets import host_target, to_tvm_target
 
 pytestmark = pytest.mark.slow
 
@@ -40,18 +42,49 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
         "matmul 1x2304 @ 2304x10 -> int8",
     ]
 
-    # The tuned convolution reads u8 activations and s8 weights and accumulates in int32.
+    # The tuned convolution reads u8 activations and s8 weights and accumulates in int32: on a VNNI CPU
+    # with the weights packed 16 x 4 and vpdpbusd; elsewhere in plain tiled loops.
     conv = next(t for t in result.tasks if "conv2d" in t.name)
     tuned = best_schedule(sqlite_store, result.job, conv).tir
     params = re.search(r"def main\((.*)\):", tuned).group(1)  # type: ignore[union-attr]
     assert re.match(r'\w+: T\.Buffer\(\(.*?\), "uint8"\)', params), params  # the activations
-    assert re.search(r'conv2d_nhwc_intermediate = T\.sblock_alloc_buffer\(\(.*\), "int32"\)', tuned), tuned
-    assert re.search(r'param_0: T\.Buffer\(\(.*?\), "int8"\)', params), params
+    if has_vnni(to_tvm_target(host_target())):
+        assert result.fusion.integer_kernels == "vnni"
+        assert [p.split(" ")[0] for p in result.fusion.vnni_packed] == ["conv2d"]
+        assert result.fusion.vnni_unpacked == [
+            "matmul 1x2304 @ 2304x10: 10 output columns (a multiple of 16 is packed)"
+        ]
+        assert "vnni_conv2d" in conv.name and "vpdpbusd" in tuned, tuned
+        # The weight packed [O/16, KH, KW, C/4, 16, 4], and the requantization fused into the kernel.
+        plain = re.sub(r"T\.int64\((\d+)\)", r"\1", params)
+        assert re.search(r'param_0: T\.Buffer\(\(1, 3, 3, 2, 16, 4\), "int8"\)', plain), plain
+        assert re.search(r'T\.Buffer\(\(1, 12, 12, 16\), "int8"\)$', plain), plain
+    else:
+        assert result.fusion.integer_kernels == "plain" and result.fusion.vnni_packed == []
+        assert re.search(r'conv2d_nhwc_intermediate = T\.sblock_alloc_buffer\(\(.*\), "int32"\)', tuned), (
+            tuned
+        )
+        assert re.search(r'param_0: T\.Buffer\(\(.*?\), "int8"\)', params), params
 
     with tarfile.open(result.artifact.path, "r:gz") as tar:
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
     assert manifest["quantization"]["integer_ops"] == result.fusion.integer_ops
     assert manifest["quantization"]["kept_float"] == []
+    assert manifest["quantization"]["integer_kernels"] == result.fusion.integer_kernels
+    # The accuracy report: the tuned outputs within a step of onnxruntime's over seeded inputs, kept in the
+    # job (the API's job view) and in the manifest.
+    accuracy = result.job.accuracy
+    assert accuracy is not None and accuracy.reference == "onnxruntime" and accuracy.inputs == 8
+    (out,) = accuracy.outputs
+    assert out.step == pytest.approx(output_step(model_proto)) and out.max_steps is not None
+    assert out.max_steps <= 1.001 and out.cosine > 0.999
+    assert manifest["quantization"]["accuracy"] == accuracy.to_dict()
+    assert sqlite_store.get_job(job.id).accuracy == accuracy
+    shown = JobOut.of(
+        result.job, {"trials_done": 0, "trials_total": 0, "tasks_done": 0, "tasks_total": 0}, "m"
+    )
+    assert shown.accuracy is not None and shown.accuracy.outputs[0].max_steps == out.max_steps
+    assert manifest["quantization"]["vnni_packed"] == result.fusion.vnni_packed
 
     step = output_step(model_proto)
     x = np.random.default_rng(5).standard_normal((1, 8, 12, 12)).astype(np.float32)

@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from kiln_tvm import relax
+from schedules.vnni import has_vnni_block
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.compile import LoadedModel, build_untuned
 from tuner.frontend import load_model
@@ -73,9 +74,16 @@ def _plan_and_compare(model: onnx.ModelProto, tmp_path: Path, inputs: int = 6) -
     return plan
 
 
-def _integer_cores(plan: GraphPlan) -> list[relax.Call]:
-    cores = [c for c in _ops(plan.prepared["main"]) if c.op.name in CORE_OPS]
-    return [c for c in cores if str(c.ty.dtype) == "int32"]
+def _integer_cores(plan: GraphPlan) -> list[list[relax.Expr]]:
+    """The operands of each integer convolution and matmul: the Relax operators', and on VNNI CPUs those
+    of the kernels over packed weights that replace them (tuner.quant.vnni)."""
+    cores = []
+    for c in _ops(plan.prepared["main"]):
+        if c.op.name in CORE_OPS and str(c.ty.dtype) == "int32":
+            cores.append(list(c.args[:2]))
+        elif c.op.name == "relax.call_tir" and has_vnni_block(plan.prepared[c.args[0]]):
+            cores.append(list(c.args[1].fields))
+    return cores
 
 
 @pytest.mark.parametrize(
@@ -108,8 +116,8 @@ def test_quantized_layers_compute_in_integers_and_match_onnxruntime(
     # The layer and the matmul after it; a convolution of asymmetric weights adds the input's window
     # sums (a convolution with ones).
     assert len(cores) == (3 if spec.weight_zero_point and kind == "conv" else 2), plan.prepared["main"]
-    for core in cores:
-        assert {str(a.ty.dtype) for a in core.args[:2]} == {"uint8", "int8"}  # u8 x s8, as VNNI wants
+    for operands in cores:
+        assert {str(a.ty.dtype) for a in operands} == {"uint8", "int8"}  # u8 x s8, as VNNI wants
     assert len(plan.fusion.integer_ops) == 2 and not plan.fusion.kept_float
     floats = [c for c in _ops(plan.prepared["main"]) if c.op.name in CORE_OPS and str(c.ty.dtype) != "int32"]
     assert not floats, plan.prepared["main"]
@@ -206,12 +214,18 @@ def test_the_report_reaches_the_cli_and_the_api_schema() -> None:
         distinct_tasks=3,
         integer_ops=["conv2d 1x8x12x12 * 16x8x3x3 -> int8"],
         kept_float=[KeptFloat("matmul", "4x24 @ 24x10", "its output is not quantized")],
+        integer_kernels="vnni",
+        vnni_packed=[],
+        vnni_unpacked=["conv2d 1x14x14x8 * 16x3x3x8: 8 input channels (a multiple of 4 is packed)"],
     )
     lines = fusion_line(fusion).splitlines()
     assert lines[1] == "quantized: 1 convolutions/matmuls in integers (u8 x s8 -> int32), 1 kept in float"
     assert lines[2] == "  float: matmul 4x24 @ 24x10: its output is not quantized"
+    assert lines[3] == "  on VNNI (vpdpbusd, packed weights): 0 of 1"
+    assert lines[4] == "  plain integer kernel: " + fusion.vnni_unpacked[0]
     body = FusionOut.of(fusion).model_dump()
     assert body["integer_ops"] == fusion.integer_ops
+    assert body["integer_kernels"] == "vnni" and body["vnni_unpacked"] == fusion.vnni_unpacked
     assert body["kept_float"] == [
         {"op": "matmul", "shapes": "4x24 @ 24x10", "reason": "its output is not quantized"}
     ]

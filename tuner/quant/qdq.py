@@ -338,7 +338,7 @@ class _QDQMutator(relax.PyExprMutator):
         # max/min rather than clip: they follow any layout (ConvertLayout has no rule for clip).
         floor = self.builder_.emit(relax.op.maximum(rounded, relax.const(float(info.min), "float32")))
         saturated = relax.op.minimum(floor, relax.const(float(info.max), "float32"))
-        self.report.lowered.append(f"{_describe(chain.core)} -> {out_dtype}")
+        self.report.lowered.append(f"{describe_core(chain.core)} -> {out_dtype}")
         self.lowered_cores.add(chain.core)
         return relax.op.astype(self.builder_.emit(saturated), out_dtype)
 
@@ -470,5 +470,6 @@ def _shapes(core: relax.Call) -> str:
     return joiner.join(_shape_text(a) for a in core.args[:2])
 
 
-def _describe(core: relax.Call) -> str:
+def describe_core(core: relax.Call) -> str:
+    """``conv2d 1x3x32x32 * 16x3x3x3``: a core operator and its operands' shapes."""
     return f"{_op_short(core)} {_shapes(core)}"

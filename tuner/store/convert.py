@@ -6,6 +6,7 @@ import json
 import math
 
 from tuner.entities import (
+    AccuracyReport,
     Artifact,
     Job,
     JobSpec,
@@ -79,6 +80,7 @@ def job_entity(row: JobRow) -> Job:
         latency_report=(
             LatencyReport.from_dict(json.loads(row.latency_report_json)) if row.latency_report_json else None
         ),
+        accuracy=AccuracyReport.from_dict(json.loads(row.accuracy_json)) if row.accuracy_json else None,
         tuning_s=float(row.tuning_s or 0.0),
         tuning_since=row.tuning_since,
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tuner.entities import Artifact, Job, JobSpec, JobStatus, LatencyReport
+from tuner.entities import AccuracyReport, Artifact, Job, JobSpec, JobStatus, LatencyReport
 from tuner.errors import Conflict, NotFound
 from tuner.store.base import StoreBase, rowcount
 from tuner.store.convert import artifact_entity, job_entity
@@ -97,6 +97,7 @@ class JobQueries(StoreBase):
         tuned_latency_ms: float | None = None,
         reference_latency_ms: dict[str, float] | None = None,
         latency_report: LatencyReport | None = None,
+        accuracy: AccuracyReport | None = None,
     ) -> Job:
         """Record a job's outcome (succeeded, failed or cancelled).
 
@@ -119,6 +120,8 @@ class JobQueries(StoreBase):
             values["reference_latency_json"] = json.dumps(reference_latency_ms)
         if latency_report is not None:
             values["latency_report_json"] = json.dumps(latency_report.to_dict())
+        if accuracy is not None:
+            values["accuracy_json"] = json.dumps(accuracy.to_dict())
         unfinished = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
         with self.session_scope() as s:
             result = s.execute(

@@ -113,6 +113,7 @@ class JobRow(Base):
     # End-to-end latency (ms) of the peers measured beside the tuned build, e.g. {"onnxruntime": 0.1}.
     reference_latency_json: Mapped[str | None] = mapped_column(sa.Text)
     latency_report_json: Mapped[str | None] = mapped_column(sa.Text)
+    accuracy_json: Mapped[str | None] = mapped_column(sa.Text)
     tuning_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
     tuning_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

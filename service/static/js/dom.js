@@ -121,5 +121,16 @@ export function quantizationNote(fusion) {
   return h("div", { class: "quantization", id: "quantization" },
     h("p", {}, `Quantized: ${ints.length} convolution/matmul${ints.length === 1 ? "" : "s"} computed in integers (u8 × s8 → int32)`
       + (floats.length ? `, ${floats.length} kept in float:` : "")),
-    floats.length ? h("ul", {}, floats.map((k) => h("li", {}, `${k.op} ${k.shapes}: ${k.reason}`))) : null);
+    floats.length ? h("ul", {}, floats.map((k) => h("li", {}, `${k.op} ${k.shapes}: ${k.reason}`))) : null,
+    integerKernelsNote(fusion));
+}
+
+function integerKernelsNote(fusion) {
+  if (fusion.integer_kernels === "plain") return h("p", {}, "Integer kernels: plain tiled loops (this CPU has no AVX512-VNNI).");
+  if (fusion.integer_kernels !== "vnni") return null;
+  const packed = fusion.vnni_packed || [], unpacked = fusion.vnni_unpacked || [];
+  return h("div", {},
+    h("p", {}, `On VNNI (vpdpbusd, weights packed at compile time): ${packed.length} of ${(fusion.integer_ops || []).length}`
+      + (unpacked.length ? "; on plain integer kernels:" : "")),
+    unpacked.length ? h("ul", {}, unpacked.map((why) => h("li", {}, why))) : null);
 }

@@ -65,7 +65,24 @@ export function latencyBars() {
       : "Median wall time in a fresh process per implementation, same inputs."),
     report && report.warnings.length
       ? h("div", { class: "error", role: "alert", id: "latency-warnings" }, h("span", { class: "kind" }, "busy machine?"), report.warnings.join(" "))
-      : null);
+      : null,
+    accuracyTable(job.accuracy));
   }
   return { el, render };
+}
+
+// A quantized job's outputs against onnxruntime: per output, the largest difference in quantization steps
+// (LSB), the share of elements beyond one step and the cosine similarity (null for a float job).
+function accuracyTable(accuracy) {
+  if (!accuracy) return null;
+  const steps = (v) => (v === null || v === undefined ? "–" : v.toFixed(2));
+  return h("div", { id: "accuracy" },
+    h("h3", {}, `Accuracy against ${accuracy.reference} (${accuracy.inputs} seeded inputs)`),
+    h("table", {},
+      h("thead", {}, h("tr", {}, h("th", {}, "Output"), h("th", { class: "num" }, "Max Δ (steps)"), h("th", { class: "num" }, "Beyond 1 step"), h("th", { class: "num" }, "Cosine"))),
+      h("tbody", {}, accuracy.outputs.map((o) => h("tr", {},
+        h("td", {}, o.name),
+        h("td", { class: "num" }, o.step ? steps(o.max_steps) : `${o.max_abs.toExponential(2)} (float)`),
+        h("td", { class: "num" }, o.beyond_one_step === null ? "–" : `${(100 * o.beyond_one_step).toFixed(2)} %`),
+        h("td", { class: "num" }, o.cosine.toFixed(6)))))));
 }

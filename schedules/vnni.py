@@ -1,0 +1,97 @@
+"""Tensorizing integer kernels with x86's VNNI dot product, and only the kernels laid out for it.
+
+Kiln's graph pass :mod:`tuner.quant.vnni` gives each integer matmul and convolution it can serve a kernel
+over weights packed ``[N/16, K/4, 16, 4]`` (16 output channels by 4 reduction elements: the 64 bytes one
+``vpdpbusd`` reads) and marks that kernel's block with :data:`VNNI_BLOCK`. MetaSchedule's
+``MultiLevelTilingWithIntrin`` would also tensorize an unpacked integer block, which builds and computes
+wrong numbers (TVM_NOTES.md), so the rule here applies it to marked blocks alone; the others get the plain
+multi-level tiling that follows it in the space.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln_tvm import Target, derived_object, ms, register_cpu_tensor_intrinsics, s_tir, tvm
+from kiln_tvm.x86_vnni import VNNI_INTRINSIC
+
+#: Block annotation of a kernel whose weight is packed for the VNNI intrinsic.
+VNNI_BLOCK = "kiln.vnni_packed"
+
+
+def has_vnni(target: Target) -> bool:
+    """Whether ``target``'s CPU has 512-bit VNNI (``vpdpbusd zmm``: AVX512-VNNI on Intel since Cascade
+    Lake, AMD since Zen 4). AVX-VNNI alone (256-bit) is not used: its intrinsic is not registered."""
+    if target.kind.name != "llvm":
+        return False
+    features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    return {"avx512vnni", "avx512f"} <= features
+
+
+def is_vnni_block(sch: s_tir.Schedule, block: Any) -> bool:
+    """Whether ``block`` is a kernel Kiln packed for the VNNI intrinsic."""
+    return VNNI_BLOCK in sch.get(block).annotations
+
+
+def has_vnni_block(stmt: Any) -> bool:
+    """Whether a PrimFunc's body (or any statement) holds a block packed for the VNNI intrinsic."""
+    if isinstance(stmt, tvm.tirx.PrimFunc):
+        return has_vnni_block(stmt.body)
+    if isinstance(stmt, tvm.s_tir.SBlockRealize):
+        return VNNI_BLOCK in stmt.block.annotations or has_vnni_block(stmt.block.body)
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return any(has_vnni_block(s) for s in stmt.seq)
+    if isinstance(stmt, tvm.tirx.IfThenElse):
+        return has_vnni_block(stmt.then_case) or (
+            stmt.else_case is not None and has_vnni_block(stmt.else_case)
+        )
+    return hasattr(stmt, "body") and has_vnni_block(stmt.body)
+
+
+#: Loop annotation that stops MetaSchedule's vectorization at the loop (any annotation does).
+_NOT_VECTORIZED = "kiln.around_tensor_intrinsic"
+
+
+def _keep_scalar_around_intrinsic(sch: s_tir.Schedule, outer_block: str) -> None:
+    """Annotate the innermost loop around the tensorized block ``outer_block``, so that the postprocessor
+    vectorizing the innermost spatial loops leaves it alone: vectorizing a loop around the 16-lane
+    intrinsic fails to build (``Cannot broadcast lanes=32 ... to 128``) and costs a trial."""
+    try:
+        loops = sch.get_loops(sch.get_sblock(outer_block))
+    except Exception:  # noqa: BLE001 - no tensorized block in this candidate: nothing to protect
+        return
+    if loops:
+        sch.annotate(loops[-1], _NOT_VECTORIZED, 1)
+
+
+@derived_object
+class VnniTiling(ms.schedule_rule.PyScheduleRule):
+    """MetaSchedule's multi-level tiling around the VNNI intrinsic, for :data:`VNNI_BLOCK` blocks only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        register_cpu_tensor_intrinsics()  # the rule looks its intrinsic up when it is made
+        self.inner = ms.schedule_rule.MultiLevelTilingWithIntrin(
+            VNNI_INTRINSIC,
+            structure="SSRSRS",
+            tile_binds=None,
+            max_innermost_factor=64,
+            vector_load_lens=None,
+            reuse_read=None,
+            reuse_write=ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
+        )
+
+    def _initialize_with_tune_context(self, context: Any) -> None:
+        self.inner._initialize_with_tune_context(context)
+
+    def apply(self, sch: s_tir.Schedule, block: Any) -> list[s_tir.Schedule]:
+        if not is_vnni_block(sch, block):
+            return [sch]
+        name = sch.get(block).name_hint
+        tiled = list(self.inner.apply(sch, block))
+        for candidate in tiled:
+            _keep_scalar_around_intrinsic(candidate, f"{name}_o")
+        return tiled
+
+    def clone(self) -> VnniTiling:
+        return VnniTiling()

@@ -1,0 +1,38 @@
+"""The accuracy report of a quantized model's outputs: steps off, share beyond one step, cosine; and the
+verification failing beyond one step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tuner.accuracy import accuracy_report, require_accuracy
+from tuner.entities import AccuracyReport
+from tuner.errors import VerificationFailed
+
+
+def test_differences_are_counted_in_steps_and_one_step_passes() -> None:
+    step = 0.5
+    expected = [[np.arange(8, dtype=np.float32) * step, np.ones(3, np.float32)] for _ in range(2)]
+    actual = [[e[0].copy(), e[1] + 1e-3] for e in expected]
+    actual[1][0][3] += step  # one element, one step off: a tie rounded the other way
+    report = accuracy_report(actual, expected, ["y", "logits"], [step, None], "onnxruntime")
+    y, logits = report.outputs
+    assert report.inputs == 2 and report.reference == "onnxruntime"
+    assert y.max_steps == pytest.approx(1.0) and y.beyond_one_step == 0.0
+    assert 0.99 < y.cosine <= 1.0
+    assert (
+        logits.step is None and logits.max_steps is None and logits.max_abs == pytest.approx(1e-3, rel=1e-3)
+    )
+    require_accuracy(report)
+    assert AccuracyReport.from_dict(report.to_dict()) == report
+
+
+def test_more_than_one_step_fails_verification_naming_the_output() -> None:
+    expected = [[np.zeros(4, np.float32)]]
+    actual = [[np.array([0.0, 0.0, 0.2, 0.0], np.float32)]]
+    report = accuracy_report(actual, expected, ["y"], [0.1], "onnxruntime")
+    assert report.outputs[0].max_steps == pytest.approx(2.0)
+    assert report.outputs[0].beyond_one_step == pytest.approx(0.25)
+    with pytest.raises(VerificationFailed, match=r"y: up to 2\.0 steps off, 25\.00% of its elements"):
+        require_accuracy(report)

@@ -1,0 +1,209 @@
+"""Integer kernels on x86's VNNI dot product: weights packed for it, kernels that compute what the integer
+operators do, tensorized only where Kiln packed them, and ``vpdpbusd`` in the code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln_tvm import ms, register_cpu_tensor_intrinsics, relax, s_tir, tvm
+from schedules.spaces import space_for
+from schedules.vnni import VNNI_BLOCK, has_vnni
+from tuner.quant.vnni import (
+    VnniReport,
+    conv2d_kernel,
+    matmul_kernel,
+    pack_conv_weight,
+    pack_for_vnni,
+    pack_matmul_weight,
+)
+from tuner.targets import host_target, to_tvm_target
+
+te = tvm.te
+HOST = to_tvm_target(host_target())
+#: A VNNI CPU to build for where this machine has none (the code is built, not run).
+VNNI_TARGET = (
+    HOST if has_vnni(HOST) else to_tvm_target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
+)
+runs_vnni = pytest.mark.skipif(not has_vnni(HOST), reason="this CPU has no AVX512-VNNI: built, not run")
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng(3)
+
+
+def test_packed_weights_put_16_channels_by_4_reduction_elements_together() -> None:
+    w = _rng().integers(-128, 128, (8, 32), dtype=np.int8)  # [K, N]
+    p = pack_matmul_weight(w)
+    assert p.shape == (2, 2, 16, 4)
+    for k, n in [(0, 0), (5, 17), (7, 31), (3, 16)]:
+        assert p[n // 16, k // 4, n % 16, k % 4] == w[k, n]
+    c = _rng().integers(-128, 128, (32, 3, 3, 8), dtype=np.int8)  # OHWI
+    q = pack_conv_weight(c)
+    assert q.shape == (2, 3, 3, 2, 16, 4)
+    for o, i, j, ch in [(0, 0, 0, 0), (17, 2, 1, 5), (31, 2, 2, 7)]:
+        assert q[o // 16, i, j, ch // 4, o % 16, ch % 4] == c[o, i, j, ch]
+
+
+def _build_te(out: te.Tensor, inputs: list[te.Tensor], target: tvm.target.Target = HOST) -> object:
+    func = te.create_prim_func([*inputs, out])
+    return tvm.compile(tvm.IRModule({"main": func}), target=target)
+
+
+def test_the_kernels_compute_the_integer_matmul_and_convolution() -> None:
+    rng = _rng()
+    x = rng.integers(0, 256, (3, 5, 8), dtype=np.uint8)
+    w = rng.integers(-128, 128, (8, 32), dtype=np.int8)
+    xt = te.placeholder(x.shape, "uint8", name="x")
+    pt = te.placeholder((2, 2, 16, 4), "int8", name="wp")
+    lib = _build_te(matmul_kernel(xt, pt), [xt, pt])
+    out = tvm.runtime.tensor(np.zeros((3, 5, 32), np.int32))
+    lib(tvm.runtime.tensor(x), tvm.runtime.tensor(pack_matmul_weight(w)), out)
+    np.testing.assert_array_equal(out.numpy(), x.astype(np.int32) @ w.astype(np.int32))
+
+    image = rng.integers(0, 256, (1, 7, 6, 8), dtype=np.uint8)
+    kernel = rng.integers(-128, 128, (16, 3, 3, 8), dtype=np.int8)  # OHWI
+    padded = np.pad(image, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    it = te.placeholder(padded.shape, "uint8", name="x")
+    kt = te.placeholder((1, 3, 3, 2, 16, 4), "int8", name="wp")
+    lib = _build_te(conv2d_kernel(it, kt, (2, 1), (1, 1)), [it, kt])
+    out = tvm.runtime.tensor(np.zeros((1, 4, 6, 16), np.int32))
+    lib(tvm.runtime.tensor(padded), tvm.runtime.tensor(pack_conv_weight(kernel)), out)
+    padded = padded.astype(np.int32)
+    expected = np.zeros((1, 4, 6, 16), np.int64)
+    for h in range(4):
+        for w_ in range(6):
+            window = padded[0, 2 * h : 2 * h + 3, w_ : w_ + 3, :]
+            expected[0, h, w_] = np.einsum("ijc,oijc->o", window, kernel.astype(np.int64))
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def _integer_graph(k: int, n: int, conv_channels: int | None = None) -> tvm.IRModule:
+    """A Relax function with an integer matmul x[4, k] @ W[k, n] and, when asked, an NHWC/OHWI integer
+    convolution over ``conv_channels`` input channels."""
+    rng = _rng()
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, k), "uint8"))
+    image = relax.Var("image", relax.TensorType((1, 8, 8, conv_channels or 4), "uint8"))
+    params = [x] if conv_channels is None else [x, image]
+    with bb.function("main", params):
+        w = relax.const(rng.integers(-128, 128, (k, n), dtype=np.int8), "int8")
+        out = bb.emit(relax.op.matmul(x, w, out_dtype="int32"))
+        if conv_channels is not None:
+            weights = relax.const(rng.integers(-128, 128, (16, 3, 3, conv_channels), dtype=np.int8), "int8")
+            conv = relax.op.nn.conv2d(
+                image,
+                weights,
+                padding=[1, 1, 1, 1],
+                data_layout="NHWC",
+                kernel_layout="OHWI",
+                out_dtype="int32",
+            )
+            out = relax.Tuple([out, bb.emit(conv)])
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_the_pass_packs_what_fits_and_says_why_not_for_the_rest() -> None:
+    report = VnniReport()
+    mod = pack_for_vnni(report)(_integer_graph(64, 32, conv_channels=3))
+    assert report.packed == ["matmul 4x64 @ 64x32"]
+    assert report.unpacked == ["conv2d 1x8x8x3 * 16x3x3x3: 3 input channels (a multiple of 4 is packed)"]
+    marked = [
+        gv.name_hint
+        for gv, f in mod.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc) and VNNI_BLOCK in f.script()
+    ]
+    assert marked == ["vnni_matmul"]
+
+
+def _sampled_candidates(mod: tvm.IRModule, target: tvm.target.Target, count: int = 1) -> list[s_tir.Schedule]:
+    """``count`` postprocessed candidates of the cpu space, sampled as the search samples its first ones."""
+    register_cpu_tensor_intrinsics()
+    context = ms.TuneContext(
+        mod=mod, target=target, space_generator=space_for(target, "cpu"), task_name="t", num_threads=2
+    ).clone()
+    candidates = []
+    for _ in range(20 * count):
+        for design in context.space_generator.generate_design_space(mod):
+            sch = s_tir.Schedule(mod, debug_mask="all")
+            design.trace.apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            if all(p.apply(sch) for p in context.space_generator.postprocs):
+                candidates.append(sch)
+            if len(candidates) == count:
+                return candidates
+    raise AssertionError(f"fewer than {count} sampled candidates passed the postprocessors")
+
+
+def _lowered_kernel(mod: tvm.IRModule) -> tvm.IRModule:
+    """The packed kernel of the pass' output, alone, as its tuning task sees it."""
+    lowered = relax.get_pipeline("zero")(mod)
+    (func,) = [
+        f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and VNNI_BLOCK in f.script()
+    ]
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def test_only_packed_blocks_are_tensorized_and_their_code_uses_vpdpbusd() -> None:
+    packed = _lowered_kernel(pack_for_vnni()(_integer_graph(64, 32)))
+    (candidate,) = _sampled_candidates(packed, VNNI_TARGET)
+    assert "vpdpbusd" in candidate.mod.script()
+    asm = tvm.compile(candidate.mod, target=VNNI_TARGET).mod.inspect_source("asm")
+    assert "vpdpbusd" in asm
+
+    # The same integer matmul unpacked: the VNNI rule leaves it to the plain tiling.
+    x = te.placeholder((4, 64), "uint8", name="x")
+    w = te.placeholder((64, 32), "int8", name="w")
+    k = te.reduce_axis((0, 64), name="k")
+    plain = te.compute(
+        (4, 32), lambda i, j: te.sum(x[i, k].astype("int32") * w[k, j].astype("int32"), axis=k), name="mm"
+    )
+    unpacked = tvm.IRModule({"main": te.create_prim_func([x, w, plain])})
+    assert "vpdpbusd" not in _sampled_candidates(unpacked, VNNI_TARGET)[0].mod.script()
+
+
+def _conv_reference(padded: np.ndarray, kernel: np.ndarray, stride: tuple[int, int]) -> np.ndarray:
+    """NHWC x OHWI integer convolution of an already padded input, in numpy."""
+    (sh, sw), (o, kh, kw, _) = stride, kernel.shape
+    out_h, out_w = (padded.shape[1] - kh) // sh + 1, (padded.shape[2] - kw) // sw + 1
+    expected = np.zeros((padded.shape[0], out_h, out_w, o), np.int64)
+    for h in range(out_h):
+        for w in range(out_w):
+            window = padded[:, h * sh : h * sh + kh, w * sw : w * sw + kw, :].astype(np.int64)
+            expected[:, h, w] = np.einsum("bijc,oijc->bo", window, kernel.astype(np.int64))
+    return expected
+
+
+@runs_vnni
+@pytest.mark.parametrize("kind", ["matmul", "conv2d"])
+def test_tensorized_candidates_compute_the_integer_operator(kind: str) -> None:
+    rng = _rng()
+    bb = relax.BlockBuilder()
+    if kind == "matmul":
+        data = rng.integers(0, 256, (4, 64), dtype=np.uint8)
+        weight = rng.integers(-128, 128, (64, 32), dtype=np.int8)
+        packed, expected = pack_matmul_weight(weight), data.astype(np.int32) @ weight.astype(np.int32)
+        op = lambda x: relax.op.matmul(x, relax.const(weight, "int8"), out_dtype="int32")  # noqa: E731
+    else:
+        data = rng.integers(0, 256, (1, 9, 9, 8), dtype=np.uint8)  # padded already
+        weight = rng.integers(-128, 128, (32, 3, 3, 8), dtype=np.int8)
+        packed, expected = pack_conv_weight(weight), _conv_reference(data, weight, (2, 2))
+        op = lambda x: relax.op.nn.conv2d(  # noqa: E731
+            x,
+            relax.const(weight, "int8"),
+            strides=[2, 2],
+            data_layout="NHWC",
+            kernel_layout="OHWI",
+            out_dtype="int32",
+        )
+    var = relax.Var("x", relax.TensorType(data.shape, "uint8"))
+    with bb.function("main", [var]):
+        bb.emit_func_output(bb.emit(op(var)))
+    kernel = _lowered_kernel(pack_for_vnni()(bb.get()))
+    for attempt, candidate in enumerate(_sampled_candidates(kernel, HOST, 3)):
+        assert "vpdpbusd" in candidate.mod.script()
+        lib = tvm.compile(candidate.mod, target=HOST)
+        out = tvm.runtime.tensor(np.zeros(expected.shape, np.int32))
+        lib(tvm.runtime.tensor(data), tvm.runtime.tensor(packed), out)
+        np.testing.assert_array_equal(out.numpy(), expected, f"candidate {attempt}")

@@ -1,0 +1,60 @@
+"""How close a quantized model's tuned build computes to onnxruntime: per output, the largest difference in
+quantization steps (LSB), the share of elements more than one step off, and the cosine similarity.
+
+Two correct integer computations may round a tie differently (a fused and an unfused path), so one step
+is allowed; more fails the job, loudly, as a float job's mismatch does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.entities import AccuracyReport, OutputAccuracy
+from tuner.errors import VerificationFailed
+
+#: How many seeded inputs the report runs (the verification itself runs one).
+ACCURACY_INPUTS = 8
+#: The largest difference allowed, in steps (and a hair for float rounding of the comparison).
+ALLOWED_STEPS = 1.001
+
+
+def accuracy_report(
+    actual: list[list[np.ndarray]],
+    expected: list[list[np.ndarray]],
+    names: list[str],
+    steps: list[float | None],
+    reference: str,
+) -> AccuracyReport:
+    """The report of ``actual`` against ``expected`` (per input, the list of outputs) for outputs ``names``
+    whose quantization steps are ``steps`` (None: a float output, reported without steps)."""
+    outputs = []
+    for index, (name, step) in enumerate(zip(names, steps, strict=True)):
+        a = np.concatenate([run[index].astype(np.float64).ravel() for run in actual])
+        e = np.concatenate([run[index].astype(np.float64).ravel() for run in expected])
+        diff = np.abs(a - e)
+        norm = float(np.linalg.norm(a) * np.linalg.norm(e))
+        outputs.append(
+            OutputAccuracy(
+                name=name,
+                step=step,
+                max_abs=float(diff.max(initial=0.0)),
+                max_steps=float(diff.max(initial=0.0) / step) if step else None,
+                beyond_one_step=float(np.mean(diff > ALLOWED_STEPS * step)) if step and diff.size else None,
+                cosine=float(a @ e / norm) if norm else (1.0 if not np.any(diff) else 0.0),
+            )
+        )
+    return AccuracyReport(reference, len(actual), tuple(outputs))
+
+
+def require_accuracy(report: AccuracyReport) -> None:
+    """:class:`VerificationFailed` naming each output more than one step from the reference."""
+    bad = [o for o in report.outputs if o.max_steps is not None and o.max_steps > ALLOWED_STEPS]
+    if bad:
+        detail = "; ".join(
+            f"{o.name}: up to {o.max_steps:.1f} steps off, {o.beyond_one_step:.2%} of its elements beyond one"
+            for o in bad
+        )
+        raise VerificationFailed(
+            f"the quantized model's outputs differ from {report.reference} by more than one quantization step "
+            f"over {report.inputs} seeded inputs ({detail})"
+        )

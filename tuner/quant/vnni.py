@@ -1,0 +1,211 @@
+"""Integer matmuls and convolutions rewritten for x86's VNNI dot product, over weights packed at compile time.
+
+After :mod:`tuner.quant.qdq`, layout conversion and constant folding, a quantized layer's core is
+
+    matmul(x_u8[..., K], W_s8[K, N], out_dtype=int32)            or
+    conv2d(x_u8 NHWC, W_s8 OHWI, groups=1, out_dtype=int32)
+
+with ``W`` a constant. ``vpdpbusd`` multiplies 4 consecutive u8 inputs by a 16 x 4 block of s8 weights
+(64 contiguous bytes: 16 output channels, 4 reduction elements each) into 16 int32 sums. This pass replaces
+each core whose output channels are a multiple of 16 and whose reduction is a multiple of 4 by a TE kernel
+reading the weight packed in that order once, here:
+
+    matmul: Wp[N/16, K/4, 16, 4]          Wp[n // 16, k // 4, n % 16, k % 4] = W[k, n]
+    conv2d: Wp[O/16, KH, KW, C/4, 16, 4]  Wp[o // 16, kh, kw, c // 4, o % 16, c % 4] = W[o, kh, kw, c]
+
+The NHWC input gives the 4 consecutive channels and the NHWC output the 16 consecutive channels the
+instruction reads and writes. Each kernel's block is marked :data:`schedules.vnni.VNNI_BLOCK`, the only
+blocks the cpu spaces tensorize. The others (a first convolution over 3 channels, a grouped one) keep
+their integer kernels and plain tiling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kiln_tvm import relax, s_tir, tvm
+from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_LANES
+from schedules.vnni import VNNI_BLOCK, has_vnni_block
+from tuner.quant.qdq import describe_core
+
+te = tvm.te
+_Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
+
+
+@dataclass
+class VnniReport:
+    """What the pass did: the cores now on VNNI kernels, and the integer cores left as they were (why)."""
+
+    packed: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
+    unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: 3 input channels ..."
+
+
+def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
+    """A module pass putting the integer matmuls and NHWC convolutions it can serve on VNNI kernels."""
+    sink = report if report is not None else VnniReport()
+
+    @tvm.transform.module_pass(opt_level=0, name="KilnPackForVNNI")
+    def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        mutator = _VnniMutator(mod, sink)
+        for gvar, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+        return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+
+    return rewrite
+
+
+def keep_packed_layouts(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the VNNI kernels' weights no longer marked layout-free: they are packed already, in
+    the layout the tensor intrinsic reads, which MetaSchedule's layout rewriting must not change."""
+    for gvar, func in list(mod.functions.items()):
+        marked = isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "layout_free_buffers" in func.attrs
+        if marked and has_vnni_block(func):
+            mod[gvar] = func.without_attr("layout_free_buffers")
+    return mod
+
+
+def pack_matmul_weight(weight: np.ndarray) -> np.ndarray:
+    """``W[K, N]`` -> ``Wp[N/16, K/4, 16, 4]``."""
+    k, n = weight.shape
+    return np.ascontiguousarray(
+        weight.reshape(k // VNNI_DEPTH, VNNI_DEPTH, n // VNNI_LANES, VNNI_LANES).transpose(2, 0, 3, 1)
+    )
+
+
+def pack_conv_weight(weight: np.ndarray) -> np.ndarray:
+    """``W[O, KH, KW, C]`` (OHWI) -> ``Wp[O/16, KH, KW, C/4, 16, 4]``."""
+    o, kh, kw, c = weight.shape
+    blocked = weight.reshape(o // VNNI_LANES, VNNI_LANES, kh, kw, c // VNNI_DEPTH, VNNI_DEPTH)
+    return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1, 5))
+
+
+def matmul_kernel(x: Any, packed: Any) -> Any:
+    """``out[..., n] = sum_k int32(x[..., k]) * int32(Wp[n // 16, k // 4, n % 16, k % 4])``."""
+    reduce = te.reduce_axis((0, x.shape[-1]), name="k")
+    channels = packed.shape[0] * VNNI_LANES
+
+    def body(*index: Any) -> Any:
+        *outer, n = index
+        w = packed[n // VNNI_LANES, reduce // VNNI_DEPTH, n % VNNI_LANES, reduce % VNNI_DEPTH]
+        return te.sum(x[(*outer, reduce)].astype("int32") * w.astype("int32"), axis=reduce)
+
+    return te.compute((*x.shape[:-1], channels), body, name="vnni_matmul")
+
+
+def conv2d_kernel(x: Any, packed: Any, strides: tuple[int, int], dilation: tuple[int, int]) -> Any:
+    """NHWC ``out[b, h, w, o] = sum int32(x[b, h*sh + i*dh, w*sw + j*dw, c]) * int32(Wp[o // 16, i, j, c // 4,
+    o % 16, c % 4])`` over the window (``i``, ``j``) and the channels ``c``, of an input padded already:
+    a padding stage in the kernel would be inlined into the products, which then no longer match the
+    intrinsic."""
+    batch, height, width, channels = (int(d) for d in x.shape)
+    blocks, kh, kw = (int(d) for d in packed.shape[:3])
+    (sh, sw), (dh, dw) = strides, dilation
+    out_h = (height - (kh - 1) * dh - 1) // sh + 1
+    out_w = (width - (kw - 1) * dw - 1) // sw + 1
+    ri = te.reduce_axis((0, kh), name="ri")
+    rj = te.reduce_axis((0, kw), name="rj")
+    rc = te.reduce_axis((0, channels), name="rc")
+
+    def body(b: Any, h: Any, w: Any, o: Any) -> Any:
+        value = x[b, h * sh + ri * dh, w * sw + rj * dw, rc].astype("int32")
+        weight = packed[o // VNNI_LANES, ri, rj, rc // VNNI_DEPTH, o % VNNI_LANES, rc % VNNI_DEPTH]
+        return te.sum(value * weight.astype("int32"), axis=[ri, rj, rc])
+
+    return te.compute((batch, out_h, out_w, blocks * VNNI_LANES), body, name="vnni_conv2d")
+
+
+def _marked(func: tvm.tirx.PrimFunc, block: str) -> tvm.tirx.PrimFunc:
+    """``func`` with its block ``block`` annotated as packed for VNNI."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    sch.annotate(sch.get_sblock(block), VNNI_BLOCK, 1)
+    return sch.mod["main"]
+
+
+@relax.expr_functor.mutator
+class _VnniMutator(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, report: VnniReport) -> None:
+        super().__init__(mod)
+        self.report = report
+        self.matmul = tvm.ir.Op.get("relax.matmul")
+        self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not isinstance(call, relax.Call) or not _is_integer_core(call):
+            return call
+        weight = _constant(call.args[1])
+        if weight is None:
+            return call
+        if call.op.same_as(self.matmul):
+            return self._matmul(call, weight)
+        if call.op.same_as(self.conv2d):
+            return self._conv2d(call, weight)
+        return call
+
+    def _declined(self, call: relax.Call, why: str) -> relax.Call:
+        self.report.unpacked.append(f"{describe_core(call)}: {why}")
+        return call
+
+    def _matmul(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
+        if weight.ndim != 2:
+            return self._declined(call, "its weight is not a 2-D constant")
+        why = _block_misfit(weight.shape[1], weight.shape[0], "output columns", "inputs")
+        if why:
+            return self._declined(call, why)
+        packed = relax.const(pack_matmul_weight(weight), "int8")
+        return self._emit(call, matmul_kernel, [call.args[0], packed], "vnni_matmul")
+
+    def _conv2d(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
+        attrs = call.attrs
+        layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+        if layouts != ("NHWC", "OHWI", "NHWC"):
+            return self._declined(call, f"its layouts are {'/'.join(layouts)} (NHWC/OHWI/NHWC is packed)")
+        if int(attrs.groups) != 1:
+            return self._declined(call, f"it is grouped ({int(attrs.groups)} groups)")
+        why = _block_misfit(weight.shape[0], weight.shape[3], "output channels", "input channels")
+        if why:
+            return self._declined(call, why)
+        packed = relax.const(pack_conv_weight(weight), "int8")
+        strides = tuple(int(s) for s in attrs.strides)
+        dilation = tuple(int(d) for d in attrs.dilation)
+        top, left, bottom, right = (int(p) for p in attrs.padding)
+        x = call.args[0]
+        if any((top, left, bottom, right)):  # zeros, as conv2d pads, in a kernel of its own
+            x = self.builder_.emit(
+                relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0], "constant", 0.0)
+            )
+
+        def kernel(data: Any, w: Any) -> Any:
+            return conv2d_kernel(data, w, strides, dilation)
+
+        return self._emit(call, kernel, [x, packed], "vnni_conv2d")
+
+    def _emit(self, call: relax.Call, kernel: Any, args: list[relax.Expr], name: str) -> relax.Expr:
+        out = self.builder_.call_te(kernel, *args, primfunc_name_hint=name)
+        gvar = out.args[0]
+        self.builder_.update_func(gvar, _marked(self.builder_.get()[gvar], name))
+        self.report.packed.append(describe_core(call))
+        return out
+
+
+def _is_integer_core(call: relax.Call) -> bool:
+    if len(call.args) < 2 or str(getattr(call.attrs, "out_dtype", "")) != "int32":
+        return False
+    x, w = (getattr(a.ty, "dtype", None) for a in call.args[:2])
+    return str(x) == "uint8" and str(w) == "int8"
+
+
+def _constant(expr: relax.Expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, _Constant) else None
+
+
+def _block_misfit(lanes: int, depth: int, lanes_name: str, depth_name: str) -> str | None:
+    if lanes % VNNI_LANES:
+        return f"{lanes} {lanes_name} (a multiple of {VNNI_LANES} is packed)"
+    if depth % VNNI_DEPTH:
+        return f"{depth} {depth_name} (a multiple of {VNNI_DEPTH} is packed)"
+    return None
