@@ -101,15 +101,21 @@ def tune(
     label: str,
     seed: int = 0,
     time_s: float | None = None,
+    precision: str = "as-is",
 ) -> KilnRun:
     """Tune ``onnx_path`` for this CPU with Kiln (a fresh store under ``data_dir``) for ``trials``, ``time_s``
-    seconds or both; build the untuned twin."""
+    seconds or both, under the ``precision`` policy; build the untuned twin."""
     settings = Settings(data_dir=data_dir)
     store = Store.from_settings(settings)
     store.ensure_schema()
     info, _ = register_model(store, settings, onnx_path, name=label)
     spec = JobSpec(
-        model_id=info.id, target=resolve_target("host"), trials=trials, seed=seed, time_budget_s=time_s
+        model_id=info.id,
+        target=resolve_target("host"),
+        trials=trials,
+        seed=seed,
+        time_budget_s=time_s,
+        precision=precision,
     )
     job = submit_job(store, spec)
     clock = _StageClock(label)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -143,6 +144,15 @@ def manifest_line(label: str, manifest: dict[str, Any]) -> str:
         f"{label}: Kiln's manifest (run_job, in the tuning process): tuned {fmt(lat.get('tuned_ms'))} ms, "
         f"untuned {fmt(lat.get('untuned_ms'))} ms" + (f", {refs}" if refs else "")
     )
+
+
+def chosen_models(parser: argparse.ArgumentParser, value: str, known: tuple[str, ...]) -> list[str]:
+    """The models a comma-separated ``--models`` names, or the parser's error naming an unknown one."""
+    names = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}; known: {', '.join(known)}")
+    return names
 
 
 def start_run(script: str) -> tuple[str, Path, dict[str, Any]]:

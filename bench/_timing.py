@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,16 @@ class Reps:
     budget_s: float = 30.0  # only for calls slower than SLOW_CALL_S
     min_calls: int = 5
     rounds: int = 5  # interleaved rounds over all implementations (see ``interleaved``)
+
+
+#: A smoke test's timing (``--quick``): a few calls, one round.
+QUICK_REPS = Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3, rounds=1)
+
+
+def reps_for(quick: bool, rounds: int | None, full: Reps | None = None) -> Reps:
+    """The timing a benchmark's ``--quick`` and ``--rounds`` flags ask for (``full`` without ``--quick``)."""
+    reps = QUICK_REPS if quick else (full or Reps())
+    return reps if rounds is None else replace(reps, rounds=rounds)
 
 
 def interleaved(timers: dict[str, Callable[[], dict[str, Any]]], rounds: int) -> dict[str, dict[str, Any]]:

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 from _kiln import KilnRun, tune
-from _report import command_line, fmt, load_line, start_run, table, write_json
-from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
+from _report import chosen_models, command_line, fmt, load_line, start_run, table, write_json
+from _timing import Reps, interleaved, load_outputs, reps_for, save_inputs, time_in_fresh_process
 from torch import nn
 
 from cli.durations import format_duration, parse_duration
@@ -249,15 +249,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     time_s = parse_duration(args.time or ("20s" if args.quick else "10m"))
-    reps = (
-        Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3, rounds=1) if args.quick else Reps(budget_s=10.0)
-    )
-    if args.rounds is not None:
-        reps = Reps(reps.calls, reps.warmup, reps.budget_s, reps.min_calls, args.rounds)
-    names = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}; known: {', '.join(MODELS)}")
+    reps = reps_for(args.quick, args.rounds, Reps(budget_s=10.0))
+    names = chosen_models(parser, args.models, MODELS)
     os.environ.setdefault("KILN_LATENCY_ROUNDS", "1")
 
     run_stamp, work, mach = start_run("int8")

@@ -31,7 +31,7 @@ from _report import (
     table,
     write_json,
 )
-from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
+from _timing import Reps, interleaved, load_outputs, reps_for, save_inputs, time_in_fresh_process
 from onnx import TensorProto, helper
 
 RTOL = 1e-4
@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     trials = args.trials if args.trials is not None else (8 if args.quick else 64)
-    reps = Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3, rounds=1) if args.quick else Reps()
+    reps = reps_for(args.quick, None)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
     run_stamp, work, mach = start_run("matmul")

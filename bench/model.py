@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from _kiln import tune
 from _report import command_line, fmt, load_line, manifest_line, start_run, table, write_json
-from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
+from _timing import Reps, interleaved, load_outputs, reps_for, save_inputs, time_in_fresh_process
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TORCH_TOLERANCE = 1e-4
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     trials = args.trials if args.trials is not None else (8 if args.quick else 300)
-    reps = Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3, rounds=1) if args.quick else Reps()
+    reps = reps_for(args.quick, None)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     missing = [n for n in names if not (EXAMPLES / f"{n}.onnx").is_file()]
     if missing:

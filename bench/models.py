@@ -28,8 +28,8 @@ from typing import Any
 
 from _full_models import MODELS, export
 from _kiln import tune
-from _report import command_line, fmt, load_line, manifest_line, start_run, table, write_json
-from _timing import Reps, interleaved, load_outputs, save_inputs, time_in_fresh_process
+from _report import chosen_models, command_line, fmt, load_line, manifest_line, start_run, table, write_json
+from _timing import Reps, interleaved, load_outputs, reps_for, save_inputs, time_in_fresh_process
 from kernel_peak import gemm_kernels
 from kernel_peak import report as peak_report
 
@@ -45,10 +45,14 @@ PEERS = {  # timing kind -> label
 TOLERANCE = {"torch": 1e-3, "openvino-fp32": 1e-3, "openvino": math.inf}  # abs, vs onnxruntime
 
 
-def bench_model(name: str, time_s: float, reps: Reps, work: Path, seed: int) -> dict[str, Any]:
-    """Export, tune cold and time one model; returns the raw results."""
+def bench_model(
+    name: str, time_s: float, reps: Reps, work: Path, seed: int, precision: str = "as-is"
+) -> dict[str, Any]:
+    """Export, tune cold (under the ``precision`` policy) and time one model; returns the raw results."""
     onnx_path, weights = export(name, work / "models", seed)
-    kiln = tune(onnx_path, work / name / "kiln", None, name, seed, time_s=time_s)
+    kiln = tune(onnx_path, work / name / "kiln", None, name, seed, time_s=time_s, precision=precision)
+    # A reduced precision is verified by the job, norm-wise (tuner.precision); not element-wise here.
+    kiln_tolerance = 1e-3 if precision == "as-is" else math.inf
     npz = save_inputs(work / name / "inputs.npz", kiln.inputs)
     out = work / name
     reference = out / "onnxruntime" / "outputs.npz"
@@ -57,7 +61,13 @@ def bench_model(name: str, time_s: float, reps: Reps, work: Path, seed: int) -> 
             "onnxruntime", onnx_path, npz, reps, out_dir=out / "onnxruntime"
         ),
         "kiln": lambda: time_in_fresh_process(
-            "tvm", kiln.model_so, npz, reps, reference_npz=reference, tolerance=1e-3, out_dir=out / "kiln"
+            "tvm",
+            kiln.model_so,
+            npz,
+            reps,
+            reference_npz=reference,
+            tolerance=kiln_tolerance,
+            out_dir=out / "kiln",
         ),
         "untuned": lambda: time_in_fresh_process("tvm", kiln.untuned_so, npz, reps, out_dir=out / "untuned"),
     }
@@ -91,6 +101,7 @@ def bench_model(name: str, time_s: float, reps: Reps, work: Path, seed: int) -> 
     errors = {key: _max_abs_error(load_outputs(r), ort) for key, r in runs.items() if key != "onnxruntime"}
     return {
         "model": name,
+        "precision": precision,
         "runs": runs,
         "skipped": skipped,
         "max_abs_error_vs_onnxruntime": errors,
@@ -124,7 +135,9 @@ def report(results: list[dict[str, Any]], time_s: float) -> str:
     rows = []
     for res in results:
         for key, r in res["runs"].items():
-            label = f"Kiln ({format_duration(time_s)} budget)" if key == "kiln" else PEERS[key]
+            precision = res.get("precision", "as-is")
+            budget = f"{format_duration(time_s)} budget" + ("" if precision == "as-is" else f", {precision}")
+            label = f"Kiln ({budget})" if key == "kiln" else PEERS[key]
             if key == "openvino":
                 label += f" ({r['runtime'].get('inference_precision', '?')})"
             rounds = r.get("round_ms", [])
@@ -209,27 +222,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 5)")
     parser.add_argument("--quick", action="store_true", help="smoke test: a short budget, one round")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--precision",
+        default="as-is",
+        choices=["as-is", "bf16", "fp16"],
+        help="Kiln's precision policy for float matmuls and convolutions (compare bf16 with OpenVINO's default)",
+    )
     args = parser.parse_args()
     time_s = parse_duration(args.time or ("20s" if args.quick else "30m"))
-    reps = (
-        Reps(calls=20, warmup=3, budget_s=3.0, min_calls=3, rounds=1) if args.quick else Reps(budget_s=10.0)
-    )
-    if args.rounds is not None:
-        reps = Reps(reps.calls, reps.warmup, reps.budget_s, reps.min_calls, args.rounds)
-    names = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}; known: {', '.join(MODELS)}")
+    reps = reps_for(args.quick, args.rounds, Reps(budget_s=10.0))
+    names = chosen_models(parser, args.models, MODELS)
     # Kiln's job times its own side-by-side figures too; here the benchmark's rounds are the ones reported.
     os.environ.setdefault("KILN_LATENCY_ROUNDS", "1")
 
     run_stamp, work, mach = start_run("models")
-    print(f"Kiln: tuned cold with a {format_duration(time_s)} budget per model (no trial limit)")
+    print(
+        f"Kiln: tuned cold with a {format_duration(time_s)} budget per model (no trial limit), "
+        f"precision {args.precision}"
+    )
     print(f"timing: {reps.rounds} interleaved rounds, each implementation in a fresh process per round")
 
     results = []
     for name in names:
-        results.append(bench_model(name, time_s, reps, work, args.seed))
+        results.append(bench_model(name, time_s, reps, work, args.seed, args.precision))
         # Partial results survive a run cut short.
         write_json("models", run_stamp, {"partial": True, "results": results, "machine": mach})
 
@@ -252,6 +267,7 @@ def main() -> None:
         "command": command_line(),
         "stamp": run_stamp,
         "time_s": time_s,
+        "precision": args.precision,
         "reps": vars(reps),
         "machine": mach,
         "load_average_end": os.getloadavg(),

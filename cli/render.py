@@ -68,6 +68,13 @@ def fusion_line(fusion: FusionSummary) -> str:
         line += "".join(f"\n  plain integer kernel: {why}" for why in fusion.vnni_unpacked)
     elif fusion.integer_kernels == "plain":
         line += "\n  integer kernels: plain tiled loops (this CPU has no AVX512-VNNI)"
+    if fusion.reduced_ops:
+        line += (
+            f"\nprecision {fusion.precision}: {len(fusion.reduced_ops)} matmuls/convolutions on "
+            f"{fusion.precision} operands (fp32 accumulation), {fusion.precision_compute}: {fusion.precision_note}"
+        )
+    elif fusion.precision != "as-is":
+        line += f"\nprecision {fusion.precision}: no float matmul or convolution to reduce"
     return line
 
 
@@ -157,14 +164,19 @@ def print_latency_report(report: LatencyReport | None) -> None:
 
 
 def print_accuracy(report: AccuracyReport | None) -> None:
-    """A quantized job's outputs against the reference: per output, steps off, share beyond one, cosine."""
+    """A quantized or reduced-precision job's outputs against the reference: per output, steps off (or the
+    largest difference), share beyond one step, norm-wise relative error, cosine."""
     if report is None:
         return
-    console.print(f"accuracy against {report.reference} over {report.inputs} seeded inputs:", highlight=False)
+    allowed = f" (relative error allowed: {report.tolerance:.3g})" if report.tolerance is not None else ""
+    console.print(
+        f"accuracy against {report.reference} over {report.inputs} seeded inputs{allowed}:", highlight=False
+    )
     for o in report.outputs:
         off = f"up to {o.max_steps:.2f} steps" if o.max_steps is not None else f"max |diff| {o.max_abs:.3g}"
         beyond = f", {o.beyond_one_step:.2%} beyond one step" if o.beyond_one_step is not None else ""
-        console.print(f"  {o.name}: {off}{beyond}, cosine {o.cosine:.6f}", highlight=False)
+        relative = f", relative error {o.relative_error:.3g}" if o.relative_error is not None else ""
+        console.print(f"  {o.name}: {off}{beyond}{relative}, cosine {o.cosine:.6f}", highlight=False)
 
 
 def print_tuning_time(job: Job) -> None:

@@ -74,6 +74,14 @@ SpaceOpt = Annotated[
         "on CPUs, gpu on CUDA (default: the target's)",
     ),
 ]
+PrecisionOpt = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="Float models: as-is, bf16 or fp16 (matmuls and convolutions on low-precision operands, fp32 "
+        "accumulation, verified against the float32 model)",
+    ),
+]
 ModelArg = Annotated[
     Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
 ]
@@ -94,6 +102,7 @@ def tune(
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
     space: SpaceOpt = None,
+    precision: PrecisionOpt = "as-is",
     name: NameOpt = None,
     owner: OwnerOpt = "",
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
@@ -103,7 +112,9 @@ def tune(
     from tuner.job import run_job
 
     settings = current_settings()
-    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, RunnerSpec(), space)
+    spec = _job_spec(
+        target, trials, time, per_task, seed, input_shape, cost_model, RunnerSpec(), space, precision
+    )
     store = open_store()
     info, job = _queue(store, model, spec, name, owner)
     console.print(
@@ -198,6 +209,7 @@ def submit(
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
     space: SpaceOpt = None,
+    precision: PrecisionOpt = "as-is",
     rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
     rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
     name: NameOpt = None,
@@ -207,7 +219,7 @@ def submit(
     runner = RunnerSpec()
     if rpc_tracker or rpc_key:
         runner = RunnerSpec("rpc", rpc_tracker or current_settings().rpc_tracker or "", rpc_key or "")
-    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, runner, space)
+    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, runner, space, precision)
     info, job = _queue(open_store(), model, spec, name, owner)
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
 
@@ -222,6 +234,7 @@ def _job_spec(
     cost_model: str,
     runner: RunnerSpec,
     space: str | None = None,
+    precision: str = "as-is",
 ) -> JobSpec:
     """The job the tune and submit options ask for, on a model not yet stored."""
     from tuner.frontend import parse_input_shapes
@@ -238,6 +251,7 @@ def _job_spec(
         runner=runner,
         cost_model=cost_model,
         space=space,
+        precision=precision,
     )
 
 

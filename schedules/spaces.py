@@ -15,7 +15,7 @@ from typing import Any
 from kiln_tvm import Target, ms
 from schedules.poly.caches import UNKNOWN, CacheHierarchy
 from schedules.poly.search import FootprintPruner, PruningStats
-from schedules.vnni import VnniTiling, has_vnni
+from schedules.vnni import VnniTiling, cpu_tiling_args, has_vnni
 
 SpaceFactory = Callable[[Target, "SpaceOptions", PruningStats], Any]
 
@@ -98,14 +98,7 @@ def _cpu_rules(target: Target) -> list[Any]:
         ),
         ms.schedule_rule.AddRFactor(max_jobs_per_core=16, max_innermost_factor=64),
         *vnni,
-        ms.schedule_rule.MultiLevelTiling(
-            structure="SSRSRS",
-            tile_binds=None,
-            max_innermost_factor=64,
-            vector_load_lens=None,
-            reuse_read=None,
-            reuse_write=ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
-        ),
+        ms.schedule_rule.MultiLevelTiling(**cpu_tiling_args()),
         ms.schedule_rule.ParallelizeVectorizeUnroll(
             max_jobs_per_core=16,
             max_vectorize_extent=64,

@@ -64,6 +64,18 @@ def _keep_scalar_around_intrinsic(sch: s_tir.Schedule, outer_block: str) -> None
         sch.annotate(loops[-1], _NOT_VECTORIZED, 1)
 
 
+def cpu_tiling_args() -> dict[str, Any]:
+    """MetaSchedule's x86 multi-level tiling settings, shared by the stock rule and the VNNI one."""
+    return {
+        "structure": "SSRSRS",
+        "tile_binds": None,
+        "max_innermost_factor": 64,
+        "vector_load_lens": None,
+        "reuse_read": None,
+        "reuse_write": ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
+    }
+
+
 @derived_object
 class VnniTiling(ms.schedule_rule.PyScheduleRule):
     """MetaSchedule's multi-level tiling around the VNNI intrinsic, for :data:`VNNI_BLOCK` blocks only."""
@@ -71,15 +83,7 @@ class VnniTiling(ms.schedule_rule.PyScheduleRule):
     def __init__(self) -> None:
         super().__init__()
         register_cpu_tensor_intrinsics()  # the rule looks its intrinsic up when it is made
-        self.inner = ms.schedule_rule.MultiLevelTilingWithIntrin(
-            VNNI_INTRINSIC,
-            structure="SSRSRS",
-            tile_binds=None,
-            max_innermost_factor=64,
-            vector_load_lens=None,
-            reuse_read=None,
-            reuse_write=ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
-        )
+        self.inner = ms.schedule_rule.MultiLevelTilingWithIntrin(VNNI_INTRINSIC, **cpu_tiling_args())
 
     def _initialize_with_tune_context(self, context: Any) -> None:
         self.inner._initialize_with_tune_context(context)

@@ -109,6 +109,17 @@ class FusionOut(EntityOut):
     vnni_unpacked: list[str] = Field(
         default_factory=list, description="Integer operators on a VNNI CPU left on plain kernels, and why"
     )
+    precision: str = Field(default="as-is", description="The job's precision policy: as-is, bf16 or fp16")
+    reduced_ops: list[str] = Field(
+        default_factory=list,
+        description="Float matmuls and convolutions put on bf16/fp16 operands (fp32 accumulation)",
+    )
+    precision_compute: str = Field(
+        default="",
+        description="How the target computes them: 'native' (low-precision instructions) or 'emulated' "
+        "(widened to fp32), '' when the policy changed nothing",
+    )
+    precision_note: str = Field(default="", description="Why the target computes them that way")
 
     @classmethod
     def of(cls, fusion: FusionSummary) -> FusionOut:
@@ -185,6 +196,12 @@ class JobIn(BaseModel):
         description="Schedule space: 'cpu' (MetaSchedule's rules) or 'cpu-poly' (shaped by the polyhedral "
         "analysis) for CPU targets, 'gpu' for CUDA; default: the target's default",
     )
+    precision: Literal["as-is", "bf16", "fp16"] = Field(
+        default="as-is",
+        description="Float models: 'bf16' or 'fp16' computes matmuls and convolutions on low-precision "
+        "operands with fp32 accumulation (weights stored in the low precision, sensitive operators kept in "
+        "fp32), verified by norm-wise relative error against the float32 model; 'as-is' keeps the model's",
+    )
     seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
     input_shapes: dict[str, list[Annotated[StrictInt, Field(ge=1, le=1 << 20)]]] | None = Field(
         default=None, description="Shapes for inputs with dynamic dimensions, e.g. {'x': [1, 3, 224, 224]}"
@@ -233,12 +250,22 @@ class OutputAccuracyOut(EntityOut):
     max_steps: float | None = Field(description="That difference in steps (LSB)")
     beyond_one_step: float | None = Field(description="Share of the elements more than one step off")
     cosine: float = Field(description="Cosine similarity with the reference over all elements")
+    relative_error: float | None = Field(
+        default=None, description="Norm-wise relative error ||actual - reference|| / ||reference||"
+    )
 
 
 class AccuracyOut(EntityOut):
-    reference: str = Field(description="What the outputs were compared with (onnxruntime, same model)")
+    reference: str = Field(
+        description="What the outputs were compared with (onnxruntime on the same model; for a reduced "
+        "precision, the float32 model on onnxruntime or untuned TVM)"
+    )
     inputs: int = Field(description="Seeded inputs compared")
     outputs: list[OutputAccuracyOut]
+    tolerance: float | None = Field(
+        default=None,
+        description="Reduced precision: the norm-wise relative error allowed; null: quantized (one step)",
+    )
 
     @classmethod
     def of(cls, report: AccuracyReport) -> AccuracyOut:
@@ -261,6 +288,7 @@ class JobOut(EntityOut):
     runner: dict[str, Any]
     cost_model: str
     space: str | None = Field(description="The schedule space that tunes the job")
+    precision: str = Field(description="The precision policy for float matmuls and convolutions")
     seed: int
     progress: ProgressOut
     baseline_latency_ms: float | None = Field(description="Untuned TVM build, end to end")
@@ -273,7 +301,8 @@ class JobOut(EntityOut):
     )
     accuracy: AccuracyOut | None = Field(
         default=None,
-        description="Quantized models: the tuned outputs against onnxruntime over seeded inputs, in steps",
+        description="Quantized models: the tuned outputs against onnxruntime over seeded inputs, in steps; "
+        "reduced precision (bf16, fp16): against the float32 model, norm-wise",
     )
     speedup: float | None
     error: str | None
@@ -302,6 +331,7 @@ class JobOut(EntityOut):
             runner=spec.runner.to_dict(),
             cost_model=spec.cost_model,
             space=spec.space,
+            precision=spec.precision,
             seed=spec.seed,
             progress=ProgressOut(**progress),
             reference_latency_ms=dict(job.reference_latency_ms),

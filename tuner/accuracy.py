@@ -1,8 +1,10 @@
-"""How close a quantized model's tuned build computes to onnxruntime: per output, the largest difference in
-quantization steps (LSB), the share of elements more than one step off, and the cosine similarity.
+"""How close a quantized or reduced-precision model's tuned build computes to its reference: per output,
+the largest difference (in quantization steps, LSB, for a quantized output), the share of elements more
+than one step off, the norm-wise relative error and the cosine similarity.
 
 Two correct integer computations may round a tie differently (a fused and an unfused path), so one step
-is allowed; more fails the job, loudly, as a float job's mismatch does.
+is allowed; more fails the job, loudly, as a float job's mismatch does. A reduced-precision job (bf16,
+fp16: :mod:`tuner.precision`) is held to its policy's norm-wise relative error instead.
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ def accuracy_report(
     names: list[str],
     steps: list[float | None],
     reference: str,
+    tolerance: float | None = None,
 ) -> AccuracyReport:
     """The report of ``actual`` against ``expected`` (per input, the list of outputs) for outputs ``names``
-    whose quantization steps are ``steps`` (None: a float output, reported without steps)."""
+    whose quantization steps are ``steps`` (None: a float output, reported without steps); ``tolerance``
+    is the norm-wise relative error a reduced-precision job is held to."""
     outputs = []
     for index, (name, step) in enumerate(zip(names, steps, strict=True)):
         a = np.concatenate([run[index].astype(np.float64).ravel() for run in actual])
         e = np.concatenate([run[index].astype(np.float64).ravel() for run in expected])
         diff = np.abs(a - e)
         norm = float(np.linalg.norm(a) * np.linalg.norm(e))
+        e_norm = float(np.linalg.norm(e))
         outputs.append(
             OutputAccuracy(
                 name=name,
@@ -41,13 +46,24 @@ def accuracy_report(
                 max_steps=float(diff.max(initial=0.0) / step) if step else None,
                 beyond_one_step=float(np.mean(diff > ALLOWED_STEPS * step)) if step and diff.size else None,
                 cosine=float(a @ e / norm) if norm else (1.0 if not np.any(diff) else 0.0),
+                relative_error=float(np.linalg.norm(diff) / e_norm) if e_norm else float(np.any(diff)),
             )
         )
-    return AccuracyReport(reference, len(actual), tuple(outputs))
+    return AccuracyReport(reference, len(actual), tuple(outputs), tolerance)
 
 
 def require_accuracy(report: AccuracyReport) -> None:
-    """:class:`VerificationFailed` naming each output more than one step from the reference."""
+    """:class:`VerificationFailed` naming each output more than one step from the reference, or beyond
+    the report's norm-wise relative tolerance (reduced precision)."""
+    if report.tolerance is not None:
+        tol = report.tolerance
+        worse = [o for o in report.outputs if o.relative_error is not None and o.relative_error > tol]
+        if worse:
+            detail = "; ".join(f"{o.name}: relative error {o.relative_error:.3g}" for o in worse)
+            raise VerificationFailed(
+                f"the reduced-precision model's outputs differ from {report.reference} beyond the norm-wise "
+                f"relative error {tol:.3g} over {report.inputs} seeded inputs ({detail})"
+            )
     bad = [o for o in report.outputs if o.max_steps is not None and o.max_steps > ALLOWED_STEPS]
     if bad:
         detail = "; ".join(

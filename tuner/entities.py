@@ -150,6 +150,12 @@ class FusionSummary:
     integer_kernels: str = ""
     vnni_packed: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
     vnni_unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: why"
+    #: The job's precision policy (tuner.precision), the operators it put on low-precision operands, and
+    #: how the target computes them: "native", "emulated" (with why in the note), or "" when none was.
+    precision: str = "as-is"
+    reduced_ops: list[str] = field(default_factory=list)  # "matmul 32x512 @ 512x2048 -> bf16"
+    precision_compute: str = ""
+    precision_note: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FusionSummary:
@@ -265,6 +271,8 @@ class JobSpec:
     time_budget_s: float | None = None  # seconds of tuning (search, build, measure) over all attempts
     #: The schedule space (schedules.spaces); None until submission resolves the target's default.
     space: str | None = None
+    #: The precision policy for float matmuls and convolutions (tuner.precision): as-is, bf16 or fp16.
+    precision: str = "as-is"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -278,6 +286,7 @@ class JobSpec:
             "cost_model": self.cost_model,
             "time_budget_s": self.time_budget_s,
             "space": self.space,
+            "precision": self.precision,
         }
 
     @classmethod
@@ -294,6 +303,7 @@ class JobSpec:
             cost_model=data.get("cost_model", "xgb"),
             time_budget_s=data.get("time_budget_s"),
             space=data.get("space"),
+            precision=data.get("precision") or "as-is",
         )
 
 
@@ -353,7 +363,8 @@ class LatencyReport:
 
 @dataclass(frozen=True)
 class OutputAccuracy:
-    """How one output of a quantized model's tuned build compares with the reference over seeded inputs."""
+    """How one output of a quantized or reduced-precision job's tuned build compares with the reference
+    over seeded inputs."""
 
     name: str
     step: float | None  # one quantization step of the output (its DequantizeLinear scale); None: float
@@ -361,27 +372,35 @@ class OutputAccuracy:
     max_steps: float | None  # max_abs in steps (LSB)
     beyond_one_step: float | None  # share of the elements more than one step off
     cosine: float  # cosine similarity of all the elements, flattened
+    relative_error: float | None = None  # ||actual - reference|| / ||reference||, all elements flattened
 
 
 @dataclass(frozen=True)
 class AccuracyReport:
-    """A quantized job's outputs against a reference (onnxruntime on the same model) over seeded inputs."""
+    """A quantized or reduced-precision job's outputs against a reference (onnxruntime on the same model,
+    or untuned TVM in float32) over seeded inputs; ``tolerance``: the norm-wise relative error a
+    reduced-precision job is held to (None: quantized, held to one step)."""
 
     reference: str
     inputs: int
     outputs: tuple[OutputAccuracy, ...]
+    tolerance: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "reference": self.reference,
             "inputs": self.inputs,
             "outputs": [asdict(o) for o in self.outputs],
+            "tolerance": self.tolerance,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AccuracyReport:
         return cls(
-            data["reference"], int(data["inputs"]), tuple(OutputAccuracy(**o) for o in data["outputs"])
+            data["reference"],
+            int(data["inputs"]),
+            tuple(OutputAccuracy(**o) for o in data["outputs"]),
+            data.get("tolerance"),
         )
 
 

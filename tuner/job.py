@@ -26,6 +26,7 @@ from tuner.frontend import check_given_shape, load_model
 from tuner.manifest import job_manifest
 from tuner.metaschedule.database import KilnDatabase
 from tuner.models import model_file
+from tuner.precision import check_precision
 from tuner.recorder import JobListener, JobRecorder
 from tuner.rpc.device_info import device_caches
 from tuner.rpc.tracker import check_runner, validate_runner
@@ -35,7 +36,14 @@ from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
 from tuner.tasks import GraphPlan, plan_graph
 from tuner.tune import Budget, MeasureConfig, check_cost_model, tune_tasks
-from tuner.verify import Comparison, Latencies, measure_accuracy, measure_latencies, verify_outputs
+from tuner.verify import (
+    Comparison,
+    Latencies,
+    measure_accuracy,
+    measure_latencies,
+    verify_outputs,
+    verify_reduced_precision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,7 @@ def validate_spec(spec: JobSpec) -> dict[str, Any]:
     target = resolve_target(spec.target)
     Budget(spec.trials, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
     check_cost_model(spec.cost_model)
+    check_precision(spec.precision)
     if spec.space is not None:
         try:
             check_space(spec.space, str(target.get("kind")))
@@ -218,7 +227,12 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
             )
             recorder.stage("extracting tasks")
             plan = plan_graph(
-                imported.mod, target, settings.weight_prepack, settings.cpu_conv_layout, settings.fast_math
+                imported.mod,
+                target,
+                settings.weight_prepack,
+                settings.cpu_conv_layout,
+                settings.fast_math,
+                spec.precision,
             )
     except Exception as exc:
         if is_out_of_memory(exc):
@@ -262,9 +276,14 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
         recorder.stage("verifying")
         inputs = random_inputs(imported.signature, spec.seed)
         untuned_exe = build_untuned(imported.mod, target)
-        comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs)
+        if plan.fusion.reduced_ops:  # bf16/fp16 products: held to the policy's norm-wise error
+            comparisons, accuracy = verify_reduced_precision(
+                imported, tuned_exe, untuned_exe, spec.seed, spec.precision
+            )
+        else:
+            comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs)
         if plan.fusion.integer_ops or plan.fusion.kept_float:  # a quantized model
-            accuracy = measure_accuracy(imported, tuned_exe, spec.seed)
+            accuracy = measure_accuracy(imported, tuned_exe, spec.seed) or accuracy
         recorder.stage("measuring")
         latency = measure_latencies(
             imported, untuned_exe, tuned_lib, build_dir, inputs, settings.latency_rounds

@@ -52,7 +52,16 @@ def job_manifest(
             "integer_kernels": plan.fusion.integer_kernels,
             "vnni_packed": plan.fusion.vnni_packed,
             "vnni_unpacked": plan.fusion.vnni_unpacked,
-            "accuracy": accuracy.to_dict() if accuracy is not None else None,
+            "accuracy": accuracy.to_dict() if accuracy is not None and accuracy.tolerance is None else None,
+        },
+        "precision": {
+            "policy": job.spec.precision,
+            "reduced_ops": plan.fusion.reduced_ops,
+            "compute": plan.fusion.precision_compute,
+            "note": plan.fusion.precision_note,
+            "accuracy": accuracy.to_dict()
+            if accuracy is not None and accuracy.tolerance is not None
+            else None,
         },
         "tasks": [
             {
@@ -91,7 +100,9 @@ def job_manifest(
             "measured_on": socket.gethostname() if latency.tuned_ms is not None else None,
         },
         "verification": {
-            "tolerance": {"rtol": settings.verify_rtol, "atol": settings.verify_atol},
+            "tolerance": {"rtol": settings.verify_rtol, "atol": settings.verify_atol}
+            if accuracy is None or accuracy.tolerance is None
+            else {"norm_wise_relative": accuracy.tolerance},
             "inputs": f"seeded random (seed {job.spec.seed})",
             "checks": [
                 {"reference": c.reference, "max_abs_error": c.max_abs_error, "ok": c.ok} for c in comparisons

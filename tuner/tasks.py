@@ -10,6 +10,7 @@ from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
 from schedules.vnni import has_vnni
 from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, TaskInfo
+from tuner.precision import PrecisionReport, precision_compute, reduce_precision
 from tuner.quant.qdq import QuantReport, lower_qdq
 from tuner.quant.vnni import VnniReport, keep_packed_layouts, pack_for_vnni
 
@@ -38,6 +39,8 @@ def inference_passes(
     fast_math: bool = False,
     quant_report: QuantReport | None = None,
     vnni_report: VnniReport | None = None,
+    precision: str = "as-is",
+    precision_report: PrecisionReport | None = None,
 ) -> tvm.transform.Pass:
     """Inference simplifications run before legalization.
 
@@ -47,7 +50,9 @@ def inference_passes(
 
     Convolutions can be converted to ``conv_layout`` (NHWC on CPU: channels innermost, so kernels
     vectorize over output channels and write contiguously; transposes appear only at the graph's
-    edges). Batch-norm is decomposed so that it fuses into the preceding convolution's epilogue;
+    edges). With a ``precision`` policy other than "as-is", float matmuls and convolutions then take bf16
+    or fp16 operands with fp32 accumulation (:mod:`tuner.precision`; ``precision_report`` collects them),
+    their weights folded to the low precision below. Batch-norm is decomposed so that it fuses into the preceding convolution's epilogue;
     constant folding and common-subexpression elimination shrink the graph before fusion.
 
     With a ``vnni_report`` (CPUs with AVX512-VNNI), the integer matmuls and NHWC convolutions whose
@@ -65,6 +70,7 @@ def inference_passes(
             elementwise_as_operators(),
             lower_qdq(quant_report),
             *layout,
+            reduce_precision(precision, precision_report),
             relax.transform.DecomposeOpsForInference(),
             *([relax.transform.FastMathTransform()] if fast_math else []),
             relax.transform.CanonicalizeBindings(),
@@ -127,23 +133,29 @@ def plan_graph(
     weight_prepack: bool = True,
     cpu_conv_layout: str | None = "NHWC",
     fast_math: bool = True,
+    precision: str = "as-is",
 ) -> GraphPlan:
     """Run Kiln's graph passes on an imported model and extract its tuning tasks.
 
     On CPU targets, ``weight_prepack`` lets tuned kernels pick their weights' layout, applied once at
     compile time (it makes the search about twice as slow per trial), and convolutions are converted
     to ``cpu_conv_layout`` ("NCHW" or None keeps the model's layout); ``fast_math`` (CPU) approximates
-    exp, erf, tanh and softmax (see :func:`inference_passes`).
+    exp, erf, tanh and softmax (see :func:`inference_passes`); ``precision`` is the job's policy for float
+    matmuls and convolutions (:mod:`tuner.precision`).
     """
     cpu = is_cpu_target(target)
     prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
     quant = QuantReport()
     vnni = VnniReport() if cpu and has_vnni(target) else None
-    prepared = inference_passes(cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni)(mod)
+    reduced = PrecisionReport()
+    prepared = inference_passes(
+        cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni, precision, reduced
+    )(mod)
     lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]
+    compute = precision_compute(precision if reduced.reduced else "as-is", target)
     fusion = FusionSummary(
         operators_before=sum(operators.values()),
         kernels_after=_kernel_calls(lowered),
@@ -154,6 +166,10 @@ def plan_graph(
         integer_kernels=("vnni" if vnni is not None else "plain") if quant.lowered else "",
         vnni_packed=vnni.packed if vnni is not None else [],
         vnni_unpacked=vnni.unpacked if vnni is not None else [],
+        precision=precision,
+        reduced_ops=reduced.reduced,
+        precision_compute=compute.mode,
+        precision_note=compute.note,
     )
     return GraphPlan(
         prepared=prepared,

@@ -21,6 +21,7 @@ from tuner.errors import VerificationFailed
 from tuner.frontend import ImportedModel
 from tuner.frontend.onnx_qoperator import dequantized_output_steps
 from tuner.measure import interleaved_timings
+from tuner.precision import RELATIVE_TOLERANCE
 from tuner.settings import Settings
 
 #: The name the untuned build goes by in comparisons and reports.
@@ -130,6 +131,51 @@ def measure_accuracy(imported: ImportedModel, tuned_exe: Any, seed: int) -> Accu
     reference = _onnxruntime_runner(imported)
     if reference is None:
         return None
+    names = [spec.name for spec in imported.signature.outputs]
+    steps = dequantized_output_steps(imported.canonical_bytes)
+    if len(steps) != len(names):
+        steps = [None] * len(names)
+    report = _accuracy_over_inputs(imported, tuned_exe, reference, "onnxruntime", seed, steps, None)
+    require_accuracy(report)
+    return report
+
+
+def verify_reduced_precision(
+    imported: ImportedModel, tuned_exe: Any, untuned_exe: Any, seed: int, policy: str
+) -> tuple[list[Comparison], AccuracyReport]:
+    """A reduced-precision build (bf16, fp16) against the float32 model over :data:`ACCURACY_INPUTS`
+    seeded inputs: onnxruntime's outputs for an ONNX model (when installed), else untuned TVM's, which
+    computes in float32. Element-wise tolerances do not apply to a low precision; each output's norm-wise
+    relative error is held to the policy's (:data:`tuner.precision.RELATIVE_TOLERANCE`), and
+    :class:`~tuner.errors.VerificationFailed` names the outputs beyond it."""
+    runner, name = _onnxruntime_runner(imported), "onnxruntime (float32)"
+    if runner is None:
+        untuned, name = LoadedModel(untuned_exe), f"{UNTUNED} (float32)"
+        runner = untuned.run
+    tolerance = RELATIVE_TOLERANCE[policy]
+    steps: list[float | None] = [None] * len(imported.signature.outputs)
+    report = _accuracy_over_inputs(imported, tuned_exe, runner, name, seed, steps, tolerance)
+    comparisons = [
+        Comparison(
+            name,
+            max((o.max_abs for o in report.outputs), default=0.0),
+            max((o.relative_error or 0.0 for o in report.outputs), default=0.0),
+            all((o.relative_error or 0.0) <= tolerance for o in report.outputs),
+        )
+    ]
+    require_accuracy(report)
+    return comparisons, report
+
+
+def _accuracy_over_inputs(
+    imported: ImportedModel,
+    tuned_exe: Any,
+    reference: Callable[[list[np.ndarray]], list[np.ndarray]],
+    name: str,
+    seed: int,
+    steps: list[float | None],
+    tolerance: float | None,
+) -> AccuracyReport:
     model = LoadedModel(tuned_exe)
     actual, expected = [], []
     for index in range(ACCURACY_INPUTS):
@@ -137,12 +183,7 @@ def measure_accuracy(imported: ImportedModel, tuned_exe: Any, seed: int) -> Accu
         actual.append(model.run(inputs))
         expected.append(reference(inputs))
     names = [spec.name for spec in imported.signature.outputs]
-    steps = dequantized_output_steps(imported.canonical_bytes)
-    if len(steps) != len(names):
-        steps = [None] * len(names)
-    report = accuracy_report(actual, expected, names, steps, "onnxruntime")
-    require_accuracy(report)
-    return report
+    return accuracy_report(actual, expected, names, steps, name, tolerance)
 
 
 def output_tolerances(imported: ImportedModel, atol: float, outputs: int) -> list[float]:
@@ -204,4 +245,12 @@ def _onnxruntime_runner(imported: ImportedModel) -> Callable[[list[np.ndarray]],
     return run
 
 
-__all__ = ["TUNED", "UNTUNED", "Latencies", "measure_accuracy", "measure_latencies", "verify_outputs"]
+__all__ = [
+    "TUNED",
+    "UNTUNED",
+    "Latencies",
+    "measure_accuracy",
+    "measure_latencies",
+    "verify_outputs",
+    "verify_reduced_precision",
+]

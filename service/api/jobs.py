@@ -73,6 +73,7 @@ def create_job(body: JobIn, state: StateDep, owner: OwnerDep) -> JobOut:
         runner=RunnerSpec.from_dict(body.runner.model_dump()),
         cost_model=body.cost_model,
         space=body.space,
+        precision=body.precision,
     )
     return job_out(state.store, submit_job(state.store, spec, owner))
 

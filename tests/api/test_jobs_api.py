@@ -30,7 +30,9 @@ def test_submitted_job_is_queued_with_a_resolved_target(client: TestClient, mlp_
     assert job["target_key"].startswith("llvm -mcpu=")
     assert job["runner"] == {"kind": "local"} and job["cost_model"] == "xgb" and job["seed"] == 3
     assert job["progress"] == {"trials_done": 0, "trials_total": 0, "tasks_done": 0, "tasks_total": 0}
+    assert job["precision"] == "as-is"
     assert client.get(f"/api/v1/jobs/{job['id']}").json()["id"] == job["id"]
+    assert _submit(client, mlp_model["id"], trials=8, precision="bf16")["precision"] == "bf16"
 
 
 def test_a_job_budget_is_trials_time_or_both(client: TestClient, mlp_model: dict) -> None:
@@ -52,6 +54,7 @@ def test_a_job_budget_is_trials_time_or_both(client: TestClient, mlp_model: dict
         ({"target": "not a target"}, "invalid_target"),
         ({"trials": -1}, "invalid_request"),
         ({"cost_model": "oracle"}, "invalid_request"),
+        ({"precision": "int4"}, "invalid_request"),
         ({"runner": {"kind": "ssh"}}, "invalid_request"),
         ({"runner": {"kind": "rpc", "tracker": "no-port", "key": "cpu"}}, "invalid_spec"),
         ({"runner": {"kind": "rpc", "tracker": "127.0.0.1:9190"}}, "invalid_request"),

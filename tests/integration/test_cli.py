@@ -74,6 +74,13 @@ def test_unknown_cost_model_exits_2_and_queues_nothing(tmp_path: Path, command: 
     assert jobs.returncode == 0 and "foo" not in jobs.stdout
 
 
+def test_unknown_precision_exits_2_before_storing_anything(tmp_path: Path) -> None:
+    done = kiln("tune", str(MLP), "--trials", "4", "--precision", "int4", data_dir=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "unknown precision 'int4'" in done.stderr and "bf16" in done.stderr
+    assert not (tmp_path / "models").exists()
+
+
 def test_bad_target_exits_2_before_storing_anything(tmp_path: Path) -> None:
     done = kiln("tune", str(MLP), "--target", '{"kind": "nope"}', data_dir=tmp_path)
     assert done.returncode == 2

@@ -125,6 +125,18 @@ export function quantizationNote(fusion) {
     integerKernelsNote(fusion));
 }
 
+// For a job with a precision policy: the operators on bf16/fp16 operands and how the CPU computes them
+// (null for as-is).
+export function precisionNote(fusion) {
+  if (!fusion.precision || fusion.precision === "as-is") return null;
+  const reduced = fusion.reduced_ops || [];
+  if (!reduced.length) return h("p", { id: "precision" }, `Precision ${fusion.precision}: no float matmul or convolution to reduce.`);
+  return h("div", { class: "precision", id: "precision" },
+    h("p", {}, `Precision ${fusion.precision}: ${reduced.length} matmul/convolution${reduced.length === 1 ? "" : "s"} on ${fusion.precision} operands with fp32 accumulation, `
+      + `${fusion.precision_compute}: ${fusion.precision_note}`),
+    h("ul", {}, reduced.map((op) => h("li", {}, op))));
+}
+
 function integerKernelsNote(fusion) {
   if (fusion.integer_kernels === "plain") return h("p", {}, "Integer kernels: plain tiled loops (this CPU has no AVX512-VNNI).");
   if (fusion.integer_kernels !== "vnni") return null;

@@ -3,7 +3,7 @@
 
 import { api } from "../api.js";
 import { code } from "../chart.js";
-import { errorBox, fill, fmtUs, h, quantizationNote } from "../dom.js";
+import { errorBox, fill, fmtUs, h, precisionNote, quantizationNote } from "../dom.js";
 import { polyhedralTab } from "./polyhedral.js";
 import { taskPicker } from "./tasks.js";
 
@@ -57,6 +57,7 @@ export function compilerView(jobId) {
       fill(graph, h("details", { id: "graph-details" },
         h("summary", {}, `Model after fusion: ${g.fusion.operators_before} operators → ${g.fusion.kernels_after} kernels (${g.fusion.distinct_tasks} distinct tasks)`),
         quantizationNote(g.fusion),
+        precisionNote(g.fusion),
         h("table", { style: "width: auto" }, h("thead", {}, h("tr", {}, h("th", {}, "Operator"), h("th", { class: "num" }, "Count"))),
           h("tbody", {}, hist.map(([op, n]) => h("tr", {}, h("td", {}, op), h("td", { class: "num" }, n))))),
         h("h3", {}, "Relax program after fusion"), code(g.graph)));

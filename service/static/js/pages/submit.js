@@ -87,6 +87,10 @@ function jobForm() {
     h("option", { value: "cpu" }, "cpu: MetaSchedule's rules"),
     h("option", { value: "cpu-poly" }, "cpu-poly: shaped by the polyhedral analysis"),
     h("option", { value: "gpu" }, "gpu (CUDA targets)"));
+  const precision = h("select", { id: "precision" },
+    h("option", { value: "as-is" }, "as-is: the model's"),
+    h("option", { value: "bf16" }, "bf16 matmuls/convolutions (fp32 accumulation)"),
+    h("option", { value: "fp16" }, "fp16 matmuls/convolutions (fp32 accumulation)"));
   const jobError = h("div", {});
   const preview = h("div", { id: "task-preview" });
   const start = h("button", { type: "submit", class: "primary", id: "start-job", disabled: true }, "Start tuning");
@@ -129,6 +133,7 @@ function jobForm() {
     if (minutes.value !== "" && Number(minutes.value) > 0) body.time_budget_s = Number(minutes.value) * 60;
     if (perTask.value) body.max_trials_per_task = Number(perTask.value);
     if (space.value) body.space = space.value;
+    if (precision.value !== "as-is") body.precision = precision.value;
     if (runner.value.startsWith("rpc:")) {
       const [, tracker, key] = runner.value.split("|");
       body.runner = { kind: "rpc", tracker, key };
@@ -150,7 +155,7 @@ function jobForm() {
       h("label", {}, "Time budget (minutes)", minutes),
       h("label", {}, "At most per task", perTask),
       h("label", {}, "Seed", seed)),
-    h("div", { class: "row" }, h("label", {}, "Runner", runner), h("label", {}, "Cost model", costModel), h("label", {}, "Schedule space", space)),
+    h("div", { class: "row" }, h("label", {}, "Runner", runner), h("label", {}, "Cost model", costModel), h("label", {}, "Schedule space", space), h("label", {}, "Precision", precision)),
     h("div", { class: "actions" }, start),
     jobError);
 

@@ -1,0 +1,73 @@
+"""A float model tuned under the bf16 policy end to end: its matmuls tuned on bf16 operands, verified
+norm-wise against the float32 model, the policy and its accuracy in the job, the API and the manifest,
+and an artifact plain TVM loads."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from service.schemas import JobOut
+from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
+from tests.models import build_mlp
+from tuner.entities import JobSpec, JobStatus
+from tuner.inspection import best_schedule
+from tuner.job import run_job, submit_job
+from tuner.models import register_model
+from tuner.precision import RELATIVE_TOLERANCE
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.targets import host_target
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(batch=4), path)
+    model, _ = register_model(sqlite_store, settings, path)
+    spec = JobSpec(model_id=model.id, target=host_target(), trials=6, precision="bf16")
+    job = submit_job(sqlite_store, spec)
+    result = run_job(sqlite_store, settings, job.id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    assert result.job.spec.precision == "bf16"
+    assert result.fusion.reduced_ops == ["matmul 4x256 @ 256x512 -> bf16", "matmul 4x512 @ 512x10 -> bf16"]
+
+    # The tuned kernel reads the weights as bf16 (TVM stores them as uint16 after BF16StorageLegalize or
+    # keeps bfloat16 in the TIR) and accumulates in float32.
+    matmul = max(result.tasks, key=lambda t: t.flops)
+    tuned = best_schedule(sqlite_store, result.job, matmul).tir
+    assert '"bfloat16"' in tuned, tuned
+
+    # Verified norm-wise against onnxruntime's float32 run of the same model, and recorded.
+    accuracy = result.job.accuracy
+    assert accuracy is not None and accuracy.reference == "onnxruntime (float32)"
+    assert accuracy.tolerance == RELATIVE_TOLERANCE["bf16"]
+    (out,) = accuracy.outputs
+    assert out.relative_error is not None and 0 < out.relative_error <= accuracy.tolerance
+    assert out.cosine > 0.999
+    assert all(c.ok and c.reference == "onnxruntime (float32)" for c in result.comparisons)
+    shown = JobOut.of(result.job, {"trials_done": 0, "trials_total": 0, "tasks_done": 0, "tasks_total": 0}, "m")
+    assert shown.precision == "bf16" and shown.accuracy is not None and shown.accuracy.tolerance is not None
+
+    with tarfile.open(result.artifact.path, "r:gz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    assert manifest["precision"]["policy"] == "bf16"
+    assert manifest["precision"]["reduced_ops"] == result.fusion.reduced_ops
+    assert manifest["precision"]["compute"] == "emulated"
+    assert manifest["precision"]["accuracy"] == accuracy.to_dict()
+    assert manifest["quantization"]["accuracy"] is None
+    assert manifest["verification"]["tolerance"] == {"norm_wise_relative": accuracy.tolerance}
+
+    x = np.random.default_rng(7).standard_normal((4, 256)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    want = onnxruntime_output(path, x)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]

@@ -1,0 +1,133 @@
+"""Precision policies: matmuls and convolutions on bf16/fp16 operands with fp32 accumulation, the rest in
+fp32, weights folded to the low precision, the error of the low precision and no more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from kiln_tvm import relax, tvm
+from tests.artifacts import onnxruntime_output
+from tests.models import build_mlp, build_small_cnn
+from tuner.accuracy import accuracy_report, require_accuracy
+from tuner.compile import LoadedModel, build_untuned
+from tuner.entities import JobSpec
+from tuner.errors import InvalidSpec, VerificationFailed
+from tuner.frontend import load_model
+from tuner.job import validate_spec
+from tuner.precision import RELATIVE_TOLERANCE, precision_compute
+from tuner.targets import host_target, to_tvm_target
+from tuner.tasks import plan_graph
+
+TARGET = to_tvm_target(host_target())
+LOW = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def _calls(mod: tvm.IRModule, name: str) -> list[relax.Call]:
+    found: list[relax.Call] = []
+
+    def visit(expr: object) -> None:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == name:
+            found.append(expr)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return found
+
+
+def _constant_dtypes(mod: tvm.IRModule) -> set[str]:
+    found: set[str] = set()
+
+    def visit(expr: object) -> None:
+        # A Relax constant holds its tensor in .value (shape constants in types hold an int).
+        if isinstance(expr, tvm.ir.expr.Constant) and hasattr(expr.value, "dtype"):
+            found.add(str(expr.value.dtype))
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return found
+
+
+def _relative_error(model: onnx.ModelProto, policy: str, tmp_path: Path, shape: tuple[int, ...]) -> float:
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    plan = plan_graph(load_model(path).mod, TARGET, precision=policy)
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    (got,) = LoadedModel(build_untuned(plan.prepared, TARGET)).run([x])
+    want = onnxruntime_output(path, x)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.mark.parametrize("policy", ["bf16", "fp16"])
+def test_a_policy_puts_convolutions_and_matmuls_on_low_precision_operands(
+    tmp_path: Path, policy: str
+) -> None:
+    path = tmp_path / "cnn.onnx"
+    onnx.save(build_small_cnn(), path)
+    plan = plan_graph(load_model(path).mod, TARGET, precision=policy)
+    assert plan.fusion.precision == policy
+    assert [op.split(" ")[0] for op in plan.fusion.reduced_ops] == ["conv2d"] * 3 + ["matmul"]
+    assert all(op.endswith(f"-> {policy}") for op in plan.fusion.reduced_ops)
+    cores = _calls(plan.prepared, "relax.nn.conv2d") + _calls(plan.prepared, "relax.matmul")
+    assert len(cores) == 4
+    for call in cores:
+        # Both operands in the low precision, accumulated and returned in fp32.
+        assert [str(a.ty.dtype) for a in call.args[:2]] == [LOW[policy]] * 2
+        assert str(call.ty.dtype) == "float32"
+    # The weights were folded to low-precision constants (half the bytes); the biases stay fp32.
+    assert LOW[policy] in _constant_dtypes(plan.prepared)
+    # What the CPU does with it is said: emulated in fp32 on every CPU today, with why.
+    assert plan.fusion.precision_compute == "emulated" and plan.fusion.precision_note
+
+
+@pytest.mark.parametrize(("policy", "model", "shape"), [
+    ("bf16", build_small_cnn(), (1, 3, 32, 32)),
+    ("fp16", build_small_cnn(), (1, 3, 32, 32)),
+    ("bf16", build_mlp(batch=4), (4, 256)),
+])  # fmt: skip
+def test_a_reduced_model_carries_the_low_precisions_error_and_no_more(
+    tmp_path: Path, policy: str, model: onnx.ModelProto, shape: tuple[int, ...]
+) -> None:
+    error = _relative_error(model, policy, tmp_path, shape)
+    # The operands were really rounded (fp32 throughout would be ~1e-7 off), within the policy's tolerance.
+    assert 1e-5 < error <= RELATIVE_TOLERANCE[policy] / 4, error
+
+
+def test_as_is_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "cnn.onnx"
+    onnx.save(build_small_cnn(), path)
+    plan = plan_graph(load_model(path).mod, TARGET)
+    assert plan.fusion.precision == "as-is" and plan.fusion.reduced_ops == []
+    assert plan.fusion.precision_compute == ""
+    assert not _calls(plan.prepared, "relax.astype")
+    assert _constant_dtypes(plan.prepared) == {"float32"}
+
+
+def test_an_unknown_precision_is_refused() -> None:
+    with pytest.raises(InvalidSpec, match="unknown precision 'int4'"):
+        validate_spec(JobSpec(model_id="m", target=host_target(), trials=1, precision="int4"))
+
+
+def test_bf16_on_a_cpu_with_avx512_bf16_says_kiln_does_not_use_it_yet() -> None:
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
+    assert "avx512bf16, which Kiln's kernels do not use yet" in precision_compute("bf16", zen4).note
+    assert "no AVX512-BF16" in precision_compute("bf16", avx2).note
+    assert precision_compute("as-is", zen4).mode == ""
+
+
+def test_reduced_precision_accuracy_fails_beyond_the_norm_wise_tolerance() -> None:
+    expected = [[np.ones(100, dtype=np.float32)]]
+    close = [[np.ones(100, dtype=np.float32) * (1 + 1e-3)]]
+    report = accuracy_report(
+        close, expected, ["y"], [None], "untuned TVM (float32)", RELATIVE_TOLERANCE["bf16"]
+    )
+    assert report.outputs[0].relative_error == pytest.approx(1e-3, rel=1e-3)
+    require_accuracy(report)
+    far = [[np.ones(100, dtype=np.float32) * 1.2]]
+    report = accuracy_report(
+        far, expected, ["y"], [None], "untuned TVM (float32)", RELATIVE_TOLERANCE["bf16"]
+    )
+    with pytest.raises(VerificationFailed, match="y: relative error 0.2"):
+        require_accuracy(report)
