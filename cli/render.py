@@ -176,7 +176,12 @@ def print_accuracy(report: AccuracyReport | None) -> None:
         off = f"up to {o.max_steps:.2f} steps" if o.max_steps is not None else f"max |diff| {o.max_abs:.3g}"
         beyond = f", {o.beyond_one_step:.2%} beyond one step" if o.beyond_one_step is not None else ""
         relative = f", relative error {o.relative_error:.3g}" if o.relative_error is not None else ""
-        console.print(f"  {o.name}: {off}{beyond}{relative}, cosine {o.cosine:.6f}", highlight=False)
+        top1 = (
+            f", top-1 agrees with {report.float_model} on {o.top1_agreement:.1%} of rows"
+            if o.top1_agreement is not None
+            else ""
+        )
+        console.print(f"  {o.name}: {off}{beyond}{relative}, cosine {o.cosine:.6f}{top1}", highlight=False)
 
 
 def print_tuning_time(job: Job) -> None:

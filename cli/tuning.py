@@ -82,6 +82,16 @@ PrecisionOpt = Annotated[
         "accumulation, verified against the float32 model)",
     ),
 ]
+FloatModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--float-model",
+        help="The float model a quantized (or reduced-precision) one came from: the accuracy report adds "
+        "the share of rows whose top-1 agrees with it",
+        exists=True,
+        dir_okay=False,
+    ),
+]
 ModelArg = Annotated[
     Path, typer.Argument(help="ONNX file or torch.export program (.pt2)", exists=True, dir_okay=False)
 ]
@@ -103,6 +113,7 @@ def tune(
     cost_model: CostModelOpt = "xgb",
     space: SpaceOpt = None,
     precision: PrecisionOpt = "as-is",
+    float_model: FloatModelOpt = None,
     name: NameOpt = None,
     owner: OwnerOpt = "",
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
@@ -116,7 +127,7 @@ def tune(
         target, trials, time, per_task, seed, input_shape, cost_model, RunnerSpec(), space, precision
     )
     store = open_store()
-    info, job = _queue(store, model, spec, name, owner)
+    info, job = _queue(store, model, spec, name, owner, float_model)
     console.print(
         f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
     )
@@ -210,6 +221,7 @@ def submit(
     cost_model: CostModelOpt = "xgb",
     space: SpaceOpt = None,
     precision: PrecisionOpt = "as-is",
+    float_model: FloatModelOpt = None,
     rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
     rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
     name: NameOpt = None,
@@ -220,7 +232,7 @@ def submit(
     if rpc_tracker or rpc_key:
         runner = RunnerSpec("rpc", rpc_tracker or current_settings().rpc_tracker or "", rpc_key or "")
     spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, runner, space, precision)
-    info, job = _queue(open_store(), model, spec, name, owner)
+    info, job = _queue(open_store(), model, spec, name, owner, float_model)
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
 
 
@@ -255,8 +267,16 @@ def _job_spec(
     )
 
 
-def _queue(store: Store, model: Path, spec: JobSpec, name: str | None, owner: str) -> tuple[ModelInfo, Job]:
-    """Check ``spec`` (all but its model), import and store ``model``, and queue the job on it.
+def _queue(
+    store: Store,
+    model: Path,
+    spec: JobSpec,
+    name: str | None,
+    owner: str,
+    float_model: Path | None = None,
+) -> tuple[ModelInfo, Job]:
+    """Check ``spec`` (all but its model), import and store ``model`` (and the ``float_model`` it came
+    from, whose top-1 the accuracy report compares with), and queue the job on it.
 
     A bad spec fails before the model is imported, so nothing is stored for it.
     """
@@ -265,9 +285,11 @@ def _queue(store: Store, model: Path, spec: JobSpec, name: str | None, owner: st
 
     validate_spec(spec)
     _check_owner(store, owner)
-    info, _ = register_model(
-        store, current_settings(), model, name=name, input_shapes=dict(spec.input_shapes), owner=owner
-    )
+    shapes = dict(spec.input_shapes)
+    info, _ = register_model(store, current_settings(), model, name=name, input_shapes=shapes, owner=owner)
+    if float_model is not None:
+        floats, _ = register_model(store, current_settings(), float_model, input_shapes=shapes, owner=owner)
+        spec = dataclasses.replace(spec, float_model_id=floats.id)
     return info, submit_job(store, dataclasses.replace(spec, model_id=info.id), owner)
 
 

@@ -202,6 +202,12 @@ class JobIn(BaseModel):
         "operands with fp32 accumulation (weights stored in the low precision, sensitive operators kept in "
         "fp32), verified by norm-wise relative error against the float32 model; 'as-is' keeps the model's",
     )
+    float_model_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="A stored float model this quantized or reduced-precision one came from: the job's "
+        "accuracy report adds the share of rows whose arg-max (top-1) agrees with it",
+    )
     seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
     input_shapes: dict[str, list[Annotated[StrictInt, Field(ge=1, le=1 << 20)]]] | None = Field(
         default=None, description="Shapes for inputs with dynamic dimensions, e.g. {'x': [1, 3, 224, 224]}"
@@ -253,6 +259,11 @@ class OutputAccuracyOut(EntityOut):
     relative_error: float | None = Field(
         default=None, description="Norm-wise relative error ||actual - reference|| / ||reference||"
     )
+    top1_agreement: float | None = Field(
+        default=None,
+        description="Share of the rows (last axis) whose arg-max equals the float model's; null: no float "
+        "model given, or no class axis",
+    )
 
 
 class AccuracyOut(EntityOut):
@@ -266,6 +277,7 @@ class AccuracyOut(EntityOut):
         default=None,
         description="Reduced precision: the norm-wise relative error allowed; null: quantized (one step)",
     )
+    float_model: str | None = Field(default=None, description="The float model top-1 was counted against")
 
     @classmethod
     def of(cls, report: AccuracyReport) -> AccuracyOut:
@@ -289,6 +301,7 @@ class JobOut(EntityOut):
     cost_model: str
     space: str | None = Field(description="The schedule space that tunes the job")
     precision: str = Field(description="The precision policy for float matmuls and convolutions")
+    float_model_id: str | None = Field(description="The float model the accuracy report compares top-1 with")
     seed: int
     progress: ProgressOut
     baseline_latency_ms: float | None = Field(description="Untuned TVM build, end to end")
@@ -332,6 +345,7 @@ class JobOut(EntityOut):
             cost_model=spec.cost_model,
             space=spec.space,
             precision=spec.precision,
+            float_model_id=spec.float_model_id,
             seed=spec.seed,
             progress=ProgressOut(**progress),
             reference_latency_ms=dict(job.reference_latency_ms),

@@ -9,6 +9,8 @@ fp16: :mod:`tuner.precision`) is held to its policy's norm-wise relative error i
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tuner.entities import AccuracyReport, OutputAccuracy
@@ -50,6 +52,30 @@ def accuracy_report(
             )
         )
     return AccuracyReport(reference, len(actual), tuple(outputs), tolerance)
+
+
+def top1_agreement(actual: list[np.ndarray], floats: list[np.ndarray]) -> float | None:
+    """Share of the rows (every index but the last axis, over all inputs) whose arg-max over the last axis
+    is the same in ``actual`` and ``floats``; None for outputs without a class axis (scalars, one class)."""
+    if not actual or actual[0].ndim == 0 or actual[0].shape[-1] < 2:
+        return None
+    a = np.concatenate([x.reshape(-1, x.shape[-1]) for x in actual])
+    f = np.concatenate([x.reshape(-1, x.shape[-1]) for x in floats])
+    return float(np.mean(a.argmax(axis=-1) == f.argmax(axis=-1)))
+
+
+def with_top1(
+    report: AccuracyReport, actual: list[list[np.ndarray]], floats: list[list[np.ndarray]], name: str
+) -> AccuracyReport:
+    """``report`` with each output's top-1 agreement against the float model ``name``'s outputs ``floats``
+    (per input, the list of outputs, as ``actual``)."""
+    outputs = tuple(
+        dataclasses.replace(
+            o, top1_agreement=top1_agreement([run[i] for run in actual], [run[i] for run in floats])
+        )
+        for i, o in enumerate(report.outputs)
+    )
+    return dataclasses.replace(report, outputs=outputs, float_model=name)
 
 
 def require_accuracy(report: AccuracyReport) -> None:

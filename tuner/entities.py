@@ -273,6 +273,9 @@ class JobSpec:
     space: str | None = None
     #: The precision policy for float matmuls and convolutions (tuner.precision): as-is, bf16 or fp16.
     precision: str = "as-is"
+    #: A stored float model this (quantized or reduced-precision) one stands for: the accuracy report
+    #: adds the top-1 agreement of the tuned build with it.
+    float_model_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -287,6 +290,7 @@ class JobSpec:
             "time_budget_s": self.time_budget_s,
             "space": self.space,
             "precision": self.precision,
+            "float_model_id": self.float_model_id,
         }
 
     @classmethod
@@ -304,6 +308,7 @@ class JobSpec:
             time_budget_s=data.get("time_budget_s"),
             space=data.get("space"),
             precision=data.get("precision") or "as-is",
+            float_model_id=data.get("float_model_id"),
         )
 
 
@@ -373,6 +378,8 @@ class OutputAccuracy:
     beyond_one_step: float | None  # share of the elements more than one step off
     cosine: float  # cosine similarity of all the elements, flattened
     relative_error: float | None = None  # ||actual - reference|| / ||reference||, all elements flattened
+    #: Share of the rows (last axis) whose arg-max equals the float model's (None: no float model given).
+    top1_agreement: float | None = None
 
 
 @dataclass(frozen=True)
@@ -385,6 +392,7 @@ class AccuracyReport:
     inputs: int
     outputs: tuple[OutputAccuracy, ...]
     tolerance: float | None = None
+    float_model: str | None = None  # the float model top-1 agreement was counted against (its name)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -392,6 +400,7 @@ class AccuracyReport:
             "inputs": self.inputs,
             "outputs": [asdict(o) for o in self.outputs],
             "tolerance": self.tolerance,
+            "float_model": self.float_model,
         }
 
     @classmethod
@@ -401,6 +410,7 @@ class AccuracyReport:
             int(data["inputs"]),
             tuple(OutputAccuracy(**o) for o in data["outputs"]),
             data.get("tolerance"),
+            data.get("float_model"),
         )
 
 

@@ -38,7 +38,9 @@ from tuner.tasks import GraphPlan, plan_graph
 from tuner.tune import Budget, MeasureConfig, check_cost_model, tune_tasks
 from tuner.verify import (
     Comparison,
+    FloatReference,
     Latencies,
+    float_reference,
     measure_accuracy,
     measure_latencies,
     verify_outputs,
@@ -84,6 +86,8 @@ def submit_job(store: Store, spec: JobSpec, owner: str = "") -> Job:
     model = store.get_model(spec.model_id, owner)
     target = validate_spec(spec)
     _check_input_shapes(model, spec)
+    if spec.float_model_id is not None:
+        _check_float_model(model, store.get_model(spec.float_model_id, owner))
     # The job records the space that tunes it, the target's default when the user named none.
     space = spec.space or default_space_name(to_tvm_target(target))
     spec = JobSpec.from_dict({**spec.to_dict(), "target": target, "space": space})
@@ -107,6 +111,20 @@ def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
         if any(type(d) is not int for d in shape):
             raise InvalidSpec(f"input_shapes['{name}'] must be integers, got {list(shape)}")
         check_given_shape(declared[name], tuple(shape))
+
+
+def _check_float_model(model: ModelInfo, float_model: ModelInfo) -> None:
+    """The float model a job compares with must take the same inputs and give as many outputs."""
+    if float_model.id == model.id:
+        raise InvalidSpec("float_model_id names the model being tuned; give the float model it came from")
+    mine = [(t.name, t.shape) for t in model.signature.inputs]
+    theirs = [(t.name, t.shape) for t in float_model.signature.inputs]
+    if mine != theirs or len(model.signature.outputs) != len(float_model.signature.outputs):
+        raise InvalidSpec(
+            f"the float model '{float_model.name}' takes inputs {theirs} and gives "
+            f"{len(float_model.signature.outputs)} outputs; the model tuned takes {mine} and gives "
+            f"{len(model.signature.outputs)}"
+        )
 
 
 def measuring_caches(settings: Settings, runs_here: bool) -> CacheHierarchy:
@@ -276,14 +294,16 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
         recorder.stage("verifying")
         inputs = random_inputs(imported.signature, spec.seed)
         untuned_exe = build_untuned(imported.mod, target)
+        floats = _float_reference(store, settings, spec, target)
         if plan.fusion.reduced_ops:  # bf16/fp16 products: held to the policy's norm-wise error
             comparisons, accuracy = verify_reduced_precision(
-                imported, tuned_exe, untuned_exe, spec.seed, spec.precision
+                imported, tuned_exe, untuned_exe, spec.seed, spec.precision, floats
             )
         else:
             comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs)
-        if plan.fusion.integer_ops or plan.fusion.kept_float:  # a quantized model
-            accuracy = measure_accuracy(imported, tuned_exe, spec.seed) or accuracy
+        quantized = plan.fusion.integer_ops or plan.fusion.kept_float
+        if quantized or (floats is not None and accuracy is None):
+            accuracy = measure_accuracy(imported, tuned_exe, spec.seed, floats) or accuracy
         recorder.stage("measuring")
         latency = measure_latencies(
             imported, untuned_exe, tuned_lib, build_dir, inputs, settings.latency_rounds
@@ -300,6 +320,20 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     artifact = recorder.artifact(str(packed.path.resolve()), packed.sha256, packed.size_bytes)
     recorder.succeeded(latency, accuracy)
     return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
+
+
+def _float_reference(store: Store, settings: Settings, spec: JobSpec, target: Any) -> FloatReference | None:
+    """The job's float model, ready to run on the accuracy report's inputs (None: the job names none)."""
+    if spec.float_model_id is None:
+        return None
+    info = store.get_model(spec.float_model_id)
+    with memory_limit(settings.import_memory_mb):
+        imported = load_model(
+            model_file(store, settings, info.id),
+            _input_shapes(info, spec),
+            max_unpacked_bytes=settings.max_unpacked_mb << 20,
+        )
+    return float_reference(info.name, imported, target)
 
 
 def _register_tasks(

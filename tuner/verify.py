@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from tuner.accuracy import ACCURACY_INPUTS, accuracy_report, require_accuracy
+from tuner.accuracy import ACCURACY_INPUTS, accuracy_report, require_accuracy, with_top1
 from tuner.artifact import export_library
-from tuner.compile import LoadedModel, random_inputs
+from tuner.compile import LoadedModel, build_untuned, random_inputs
 from tuner.entities import AccuracyReport, LatencyReport, ModelFormat
 from tuner.errors import VerificationFailed
 from tuner.frontend import ImportedModel
@@ -124,10 +124,29 @@ def verify_outputs(
     return comparisons
 
 
-def measure_accuracy(imported: ImportedModel, tuned_exe: Any, seed: int) -> AccuracyReport | None:
+@dataclass(frozen=True)
+class FloatReference:
+    """The float model a quantized or reduced-precision job stands for: its name and how to run it."""
+
+    name: str
+    run: Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
+def float_reference(name: str, imported: ImportedModel, target: Any) -> FloatReference:
+    """Run the float model ``imported`` on onnxruntime (ONNX, when installed), else untuned TVM."""
+    runner = _onnxruntime_runner(imported)
+    if runner is None:
+        runner = LoadedModel(build_untuned(imported.mod, target)).run
+    return FloatReference(name, runner)
+
+
+def measure_accuracy(
+    imported: ImportedModel, tuned_exe: Any, seed: int, float_model: FloatReference | None = None
+) -> AccuracyReport | None:
     """A quantized ONNX model's tuned outputs against onnxruntime's over :data:`ACCURACY_INPUTS` seeded
-    inputs (:mod:`tuner.accuracy`); :class:`~tuner.errors.VerificationFailed` beyond one step. None when
-    onnxruntime is not installed or the model is not ONNX."""
+    inputs (:mod:`tuner.accuracy`), with the top-1 agreement against ``float_model`` when given;
+    :class:`~tuner.errors.VerificationFailed` beyond one step. None when onnxruntime is not installed or
+    the model is not ONNX."""
     reference = _onnxruntime_runner(imported)
     if reference is None:
         return None
@@ -135,26 +154,34 @@ def measure_accuracy(imported: ImportedModel, tuned_exe: Any, seed: int) -> Accu
     steps = dequantized_output_steps(imported.canonical_bytes)
     if len(steps) != len(names):
         steps = [None] * len(names)
-    report = _accuracy_over_inputs(imported, tuned_exe, reference, "onnxruntime", seed, steps, None)
+    report = _accuracy_over_inputs(
+        imported, tuned_exe, reference, "onnxruntime", seed, steps, None, float_model
+    )
     require_accuracy(report)
     return report
 
 
 def verify_reduced_precision(
-    imported: ImportedModel, tuned_exe: Any, untuned_exe: Any, seed: int, policy: str
+    imported: ImportedModel,
+    tuned_exe: Any,
+    untuned_exe: Any,
+    seed: int,
+    policy: str,
+    float_model: FloatReference | None = None,
 ) -> tuple[list[Comparison], AccuracyReport]:
     """A reduced-precision build (bf16, fp16) against the float32 model over :data:`ACCURACY_INPUTS`
     seeded inputs: onnxruntime's outputs for an ONNX model (when installed), else untuned TVM's, which
     computes in float32. Element-wise tolerances do not apply to a low precision; each output's norm-wise
     relative error is held to the policy's (:data:`tuner.precision.RELATIVE_TOLERANCE`), and
-    :class:`~tuner.errors.VerificationFailed` names the outputs beyond it."""
+    :class:`~tuner.errors.VerificationFailed` names the outputs beyond it. With ``float_model``, the report
+    adds the top-1 agreement with it."""
     runner, name = _onnxruntime_runner(imported), "onnxruntime (float32)"
     if runner is None:
         untuned, name = LoadedModel(untuned_exe), f"{UNTUNED} (float32)"
         runner = untuned.run
     tolerance = RELATIVE_TOLERANCE[policy]
     steps: list[float | None] = [None] * len(imported.signature.outputs)
-    report = _accuracy_over_inputs(imported, tuned_exe, runner, name, seed, steps, tolerance)
+    report = _accuracy_over_inputs(imported, tuned_exe, runner, name, seed, steps, tolerance, float_model)
     comparisons = [
         Comparison(
             name,
@@ -175,15 +202,19 @@ def _accuracy_over_inputs(
     seed: int,
     steps: list[float | None],
     tolerance: float | None,
+    float_model: FloatReference | None = None,
 ) -> AccuracyReport:
     model = LoadedModel(tuned_exe)
-    actual, expected = [], []
+    actual, expected, floats = [], [], []
     for index in range(ACCURACY_INPUTS):
         inputs = random_inputs(imported.signature, seed + index)
         actual.append(model.run(inputs))
         expected.append(reference(inputs))
+        if float_model is not None:
+            floats.append(float_model.run(inputs))
     names = [spec.name for spec in imported.signature.outputs]
-    return accuracy_report(actual, expected, names, steps, name, tolerance)
+    report = accuracy_report(actual, expected, names, steps, name, tolerance)
+    return report if float_model is None else with_top1(report, actual, floats, float_model.name)
 
 
 def output_tolerances(imported: ImportedModel, atol: float, outputs: int) -> list[float]:
@@ -248,7 +279,9 @@ def _onnxruntime_runner(imported: ImportedModel) -> Callable[[list[np.ndarray]],
 __all__ = [
     "TUNED",
     "UNTUNED",
+    "FloatReference",
     "Latencies",
+    "float_reference",
     "measure_accuracy",
     "measure_latencies",
     "verify_outputs",

@@ -74,6 +74,7 @@ def create_job(body: JobIn, state: StateDep, owner: OwnerDep) -> JobOut:
         cost_model=body.cost_model,
         space=body.space,
         precision=body.precision,
+        float_model_id=body.float_model_id,
     )
     return job_out(state.store, submit_job(state.store, spec, owner))
 

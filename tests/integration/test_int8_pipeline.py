@@ -15,8 +15,10 @@ import pytest
 from schedules.vnni import has_vnni
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
+from tests.models import build_mlp
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.entities import JobSpec, JobStatus
+from tuner.errors import InvalidSpec
 from tuner.inspection import best_schedule
 from tuner.job import run_job, submit_job
 from tuner.models import register_model
@@ -90,3 +92,51 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     x = np.random.default_rng(5).standard_normal((1, 8, 12, 12)).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     assert np.abs(got - onnxruntime_output(path, x)).max() <= 1.001 * step
+
+
+def test_a_model_quantized_by_onnxruntime_reports_top1_agreement_with_its_float_model(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """The way users quantize (onnxruntime's quantize_static), with the float model given: the accuracy
+    report adds, per output, the share of rows whose arg-max agrees with the float model's."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    fp32, int8 = tmp_path / "mlp.onnx", tmp_path / "mlp_int8.onnx"
+    onnx.save(build_mlp(batch=4), fp32)
+    rng = np.random.default_rng(0)
+
+    class Calibration(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal((4, 256)).astype(np.float32)} for _ in range(8)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    quantization.quantize_static(
+        str(fp32), str(int8), Calibration(), quant_format=quantization.QuantFormat.QDQ, per_channel=True
+    )
+    quantized, _ = register_model(sqlite_store, settings, int8)
+    floats, _ = register_model(sqlite_store, settings, fp32)
+    spec = JobSpec(model_id=quantized.id, target=host_target(), trials=4, float_model_id=floats.id)
+    result = run_job(sqlite_store, settings, submit_job(sqlite_store, spec).id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    assert result.fusion.integer_ops  # the products run in integers
+    accuracy = result.job.accuracy
+    assert accuracy is not None and accuracy.float_model == floats.name
+    (out,) = accuracy.outputs
+    # 8 inputs x 4 rows; int8 with per-channel weights keeps nearly every top-1 of a 2-layer MLP.
+    assert out.top1_agreement is not None and out.top1_agreement >= 0.75, out
+    assert out.max_steps is not None and out.max_steps <= 1.001
+    assert sqlite_store.get_job(result.job.id).accuracy == accuracy
+
+
+def test_a_float_model_with_other_inputs_is_refused(sqlite_store: Store, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    onnx.save(build_mlp(batch=4), tmp_path / "mlp4.onnx")
+    onnx.save(build_mlp(batch=2), tmp_path / "mlp2.onnx")
+    model, _ = register_model(sqlite_store, settings, tmp_path / "mlp4.onnx")
+    other, _ = register_model(sqlite_store, settings, tmp_path / "mlp2.onnx")
+    for float_id, why in ((other.id, "takes inputs"), (model.id, "names the model being tuned")):
+        spec = JobSpec(model_id=model.id, target=host_target(), trials=4, float_model_id=float_id)
+        with pytest.raises(InvalidSpec, match=why):
+            submit_job(sqlite_store, spec)

@@ -55,7 +55,9 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
     assert out.relative_error is not None and 0 < out.relative_error <= accuracy.tolerance
     assert out.cosine > 0.999
     assert all(c.ok and c.reference == "onnxruntime (float32)" for c in result.comparisons)
-    shown = JobOut.of(result.job, {"trials_done": 0, "trials_total": 0, "tasks_done": 0, "tasks_total": 0}, "m")
+    shown = JobOut.of(
+        result.job, {"trials_done": 0, "trials_total": 0, "tasks_done": 0, "tasks_total": 0}, "m"
+    )
     assert shown.precision == "bf16" and shown.accuracy is not None and shown.accuracy.tolerance is not None
 
     with tarfile.open(result.artifact.path, "r:gz") as tar:

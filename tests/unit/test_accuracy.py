@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.accuracy import accuracy_report, require_accuracy
+from tuner.accuracy import accuracy_report, require_accuracy, top1_agreement, with_top1
 from tuner.entities import AccuracyReport
 from tuner.errors import VerificationFailed
 
@@ -36,3 +36,14 @@ def test_more_than_one_step_fails_verification_naming_the_output() -> None:
     assert report.outputs[0].beyond_one_step == pytest.approx(0.25)
     with pytest.raises(VerificationFailed, match=r"y: up to 2\.0 steps off, 25\.00% of its elements"):
         require_accuracy(report)
+
+
+def test_top1_agreement_counts_rows_whose_arg_max_matches_the_float_model() -> None:
+    floats = [np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([[0.3, 0.7], [0.6, 0.4]])]
+    actual = [np.array([[0.2, 0.8], [0.1, 0.9]]), np.array([[0.4, 0.6], [0.7, 0.3]])]  # 3 of 4 agree
+    assert top1_agreement(actual, floats) == 0.75
+    assert top1_agreement([np.array(1.0)], [np.array(2.0)]) is None  # no class axis
+    report = accuracy_report([[a] for a in actual], [[a] for a in actual], ["y"], [None], "onnxruntime")
+    marked = with_top1(report, [[a] for a in actual], [[f] for f in floats], "mlp.onnx")
+    assert marked.float_model == "mlp.onnx" and marked.outputs[0].top1_agreement == 0.75
+    assert AccuracyReport.from_dict(marked.to_dict()) == marked

@@ -78,14 +78,16 @@ function accuracyTable(accuracy) {
   if (!accuracy) return null;
   const steps = (v) => (v === null || v === undefined ? "–" : v.toFixed(2));
   const allowed = accuracy.tolerance === null || accuracy.tolerance === undefined ? "" : `, relative error allowed ${accuracy.tolerance.toExponential(2)}`;
+  const top1 = accuracy.float_model ? [h("th", { class: "num" }, `Top-1 vs ${accuracy.float_model}`)] : [];
   return h("div", { id: "accuracy" },
     h("h3", {}, `Accuracy against ${accuracy.reference} (${accuracy.inputs} seeded inputs${allowed})`),
     h("table", {},
-      h("thead", {}, h("tr", {}, h("th", {}, "Output"), h("th", { class: "num" }, "Max Δ (steps)"), h("th", { class: "num" }, "Beyond 1 step"), h("th", { class: "num" }, "Relative error"), h("th", { class: "num" }, "Cosine"))),
+      h("thead", {}, h("tr", {}, h("th", {}, "Output"), h("th", { class: "num" }, "Max Δ (steps)"), h("th", { class: "num" }, "Beyond 1 step"), h("th", { class: "num" }, "Relative error"), h("th", { class: "num" }, "Cosine"), ...top1)),
       h("tbody", {}, accuracy.outputs.map((o) => h("tr", {},
         h("td", {}, o.name),
         h("td", { class: "num" }, o.step ? steps(o.max_steps) : `${o.max_abs.toExponential(2)} (float)`),
         h("td", { class: "num" }, o.beyond_one_step === null ? "–" : `${(100 * o.beyond_one_step).toFixed(2)} %`),
         h("td", { class: "num" }, o.relative_error === null || o.relative_error === undefined ? "–" : o.relative_error.toExponential(2)),
-        h("td", { class: "num" }, o.cosine.toFixed(6)))))));
+        h("td", { class: "num" }, o.cosine.toFixed(6)),
+        ...(accuracy.float_model ? [h("td", { class: "num" }, o.top1_agreement === null ? "–" : `${(100 * o.top1_agreement).toFixed(1)} %`)] : []))))));
 }
