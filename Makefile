@@ -34,7 +34,7 @@ demo: install
 
 ## test: the whole suite (unit + integration; PostgreSQL tests run when KILN_TEST_DATABASE_URL is set)
 test: dev
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 lint: dev
 	$(VENV)/bin/ruff check .
