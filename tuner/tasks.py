@@ -52,8 +52,9 @@ def inference_passes(
     vectorize over output channels and write contiguously; transposes appear only at the graph's
     edges). With a ``precision`` policy other than "as-is", float matmuls and convolutions then take bf16
     or fp16 operands with fp32 accumulation (:mod:`tuner.precision`; ``precision_report`` collects them),
-    their weights folded to the low precision below. Batch-norm is decomposed so that it fuses into the preceding convolution's epilogue;
-    constant folding and common-subexpression elimination shrink the graph before fusion.
+    their weights folded to the low precision below. Batch-norm is decomposed so that it fuses into the
+    preceding convolution's epilogue; constant folding and common-subexpression elimination shrink the
+    graph before fusion.
 
     With a ``vnni_report`` (CPUs with AVX512-VNNI), the integer matmuls and NHWC convolutions whose
     weights fit are then put on kernels over weights packed for ``vpdpbusd`` (:mod:`tuner.quant.vnni`).

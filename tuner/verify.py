@@ -175,10 +175,10 @@ def verify_reduced_precision(
     relative error is held to the policy's (:data:`tuner.precision.RELATIVE_TOLERANCE`), and
     :class:`~tuner.errors.VerificationFailed` names the outputs beyond it. With ``float_model``, the report
     adds the top-1 agreement with it."""
-    runner, name = _onnxruntime_runner(imported), "onnxruntime (float32)"
+    runner = _onnxruntime_runner(imported)
+    name = "onnxruntime (float32)" if runner is not None else f"{UNTUNED} (float32)"
     if runner is None:
-        untuned, name = LoadedModel(untuned_exe), f"{UNTUNED} (float32)"
-        runner = untuned.run
+        runner = LoadedModel(untuned_exe).run
     tolerance = RELATIVE_TOLERANCE[policy]
     steps: list[float | None] = [None] * len(imported.signature.outputs)
     report = _accuracy_over_inputs(imported, tuned_exe, runner, name, seed, steps, tolerance, float_model)
