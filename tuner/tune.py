@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +278,12 @@ def tune_tasks(
             if budget.trials is not None and spent >= budget.trials:
                 return TuningReport(
                     _profile(profiler), _search_stats(space.seeded, stats, config.space_options.caches)
+                )
+            # The search's rounds are sized to what the default schedules and the seeds left of the
+            # budget: sized to the whole, a small budget's last rounds would not fit and go unspent.
+            if budget.trials is not None and spent:
+                per_iter = trials_per_iter(
+                    replace(budget, trials=budget.trials - spent), len(tasks), config.trials_per_iter
                 )
             ms.tune_tasks(
                 tasks=contexts,
