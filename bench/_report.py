@@ -82,7 +82,7 @@ def machine() -> dict[str, Any]:
         "vendor": info.get("vendor_id"),
         "family": info.get("cpu family"),
         "model": info.get("model"),
-        "isa": sorted(f for f in info.get("flags", "").split() if f.startswith(("avx", "fma"))),
+        "isa": sorted(f for f in info.get("flags", "").split() if f.startswith(("avx", "fma", "amx"))),
         "physical_cores": cores,
         "cpu_mhz": mhz,
         "flop_per_cycle": per_cycle,

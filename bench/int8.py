@@ -16,9 +16,10 @@ Kiln tunes the int8 and the fp32 model cold, each with the same time budget, thr
 Then, in interleaved rounds, each implementation runs in a fresh process on the same seeded inputs
 (bench/_timing.py). Printed per model: the latencies and ratios, each int8 output's largest difference
 from onnxruntime int8's in output quantization steps, what Kiln computed in integers and on which
-kernels (VNNI or plain), and Kiln int8's hottest kernel against the int8 peak: on a VNNI CPU four times
-the measured fp32 FMA peak (one ``vpdpbusd zmm`` does 64 u8 x s8 multiply-adds where one ``vfmadd zmm``
-does 16, at the same rate on the CPUs seen), elsewhere not given.
+kernels (AMX, VNNI or plain), and Kiln int8's hottest kernel against the int8 peak: on an AMX CPU 32
+times the measured fp32 FMA peak (one ``tdpbusd`` does 16 x 16 x 64 multiply-adds in 16 cycles, 1024 a
+cycle against two ``vfmadd zmm`` of 16), on a VNNI CPU four times (one ``vpdpbusd zmm`` does 64 u8 x s8
+multiply-adds where one ``vfmadd zmm`` does 16, at the same rate on the CPUs seen), elsewhere not given.
 """
 
 from __future__ import annotations
@@ -227,7 +228,8 @@ def report(results: list[dict[str, Any]]) -> str:
         q, hot = res["quantization"], res["hottest_int8_kernel"]
         lines.append(
             f"{res['model']}: {len(q.get('integer_ops', []))} operators in integers on "
-            f"{q.get('integer_kernels') or 'no'} kernels ({len(q.get('vnni_packed', []))} packed for VNNI), "
+            f"{q.get('integer_kernels') or 'no'} kernels ({len(q.get('vnni_packed', []))} packed for VNNI, "
+            f"{len(q.get('amx_matmuls', []))} matmuls on AMX tiles), "
             f"{len(q.get('kept_float', []))} kept in float"
             + "".join(f"; float: {k['op']} {k['shapes']}: {k['reason']}" for k in q.get("kept_float", [])[:3])
         )
@@ -237,6 +239,16 @@ def report(results: list[dict[str, Any]]) -> str:
                 f"{fmt(hot['gops'], '.1f')} GOP/s = {fmt(hot['fraction_of_peak'], '.2f')} of the int8 peak"
             )
     return "\n".join(lines)
+
+
+def int8_peak(mach: dict[str, Any]) -> tuple[float | None, str]:
+    """The machine's int8 peak in GOP/s from its measured fp32 FMA peak, and how it was derived."""
+    if {"amx_tile", "amx_int8"} <= set(mach["isa"]):
+        # One tdpbusd: 16 x 16 x 64 MACs in 16 cycles = 1024 per cycle, against 2 x 16 fp32 FMAs.
+        return 32 * mach["peak_gflops"], "32 x the fp32 FMA peak: AMX tdpbusd"
+    if "avx512_vnni" in mach["isa"]:
+        return 4 * mach["peak_gflops"], "4 x the fp32 FMA peak: vpdpbusd"
+    return None, "no VNNI: not given"
 
 
 def main() -> None:
@@ -254,15 +266,11 @@ def main() -> None:
     os.environ.setdefault("KILN_LATENCY_ROUNDS", "1")
 
     run_stamp, work, mach = start_run("int8")
-    vnni = "avx512_vnni" in mach["isa"]
-    peak_gops = 4 * mach["peak_gflops"] if vnni else None
+    peak_gops, peak_note = int8_peak(mach)
     print(
         f"Kiln: tuned cold with a {format_duration(time_s)} budget per model and precision (no trial limit)"
     )
-    print(
-        f"int8 peak: {fmt(peak_gops, '.1f')} GOP/s"
-        + (" (4 x the fp32 FMA peak: vpdpbusd)" if vnni else " (no VNNI: not given)")
-    )
+    print(f"int8 peak: {fmt(peak_gops, '.1f')} GOP/s ({peak_note})")
     results = []
     for name in names:
         results.append(bench_model(name, time_s, reps, work, args.seed, peak_gops))

@@ -3,7 +3,9 @@
 This module holds the runtime, IR, MetaSchedule and RPC names Kiln uses; :mod:`kiln_tvm.frontends` holds
 the model importers and the internals of them Kiln reads.
 
-Importing this module also fixes two traps of TVM 0.27 on x86 CPUs before TVM starts:
+Importing this module also asks Linux for AMX tile state (:func:`kiln_tvm.x86_amx.request_amx_permission`:
+without it the first AMX instruction of a process is SIGILL) and fixes two traps of TVM 0.27 on x86 CPUs
+before TVM starts:
 
 * the runtime thread pool uses half of ``hardware_concurrency()`` unless ``TVM_NUM_THREADS`` is set,
   which on a machine without SMT means half of the real cores;
@@ -39,18 +41,23 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func  # noqa: E402
 from tvm.script import tirx as tir_script  # noqa: E402  TVMScript's TIR builder (``T``)
 from tvm.target import Target  # noqa: E402
 
+from kiln_tvm.x86_amx import request_amx_permission  # noqa: E402
+
+request_amx_permission()
+
 #: The root of MetaSchedule's loggers (its modules log under their own module names).
 METASCHEDULE_LOGGER = ms.__name__
 
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
 
 
-def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu")) -> None:
+def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu"), amx: bool = False) -> None:
     """Register only the CPU tensor intrinsics instead of importing all of ``tvm.s_tir.tensor_intrin``.
 
     Installs a package stub under the real name, so later ``import tvm.s_tir.tensor_intrin`` (inside
     ``TuneContext`` or a builder) is a no-op. The VNNI dot product is replaced by one that builds
-    (:mod:`kiln_tvm.x86_vnni`).
+    (:mod:`kiln_tvm.x86_vnni`); on a host with AMX, Kiln's AMX intrinsics (:mod:`kiln_tvm.x86_amx`) are
+    registered too (``amx=True`` registers them anywhere, e.g. to build for an AMX target elsewhere).
     """
     if _TENSOR_INTRIN not in sys.modules:
         stub = types.ModuleType(_TENSOR_INTRIN)
@@ -62,6 +69,10 @@ def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu")) -
         from kiln_tvm.x86_vnni import register_vnni_intrinsic
 
         register_vnni_intrinsic()
+        from kiln_tvm.x86_amx import host_has_amx, register_amx_intrinsics
+
+        if amx or host_has_amx():
+            register_amx_intrinsics()
 
 
 def runner_device_type(target: Target) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln_tvm import Target, ms
+from schedules.amx import AmxTiling, amx_kinds
 from schedules.poly.caches import UNKNOWN, CacheHierarchy
 from schedules.poly.search import FootprintPruner, PruningStats
 from schedules.vnni import VnniTiling, cpu_tiling_args, has_vnni
@@ -82,8 +83,11 @@ def check_space(name: str, target_kind: str) -> None:
 
 
 def _cpu_rules(target: Target) -> list[Any]:
-    # On VNNI CPUs, the integer kernels packed for it are tensorized first (schedules.vnni).
+    # On VNNI CPUs, the integer kernels packed for it are tensorized first (schedules.vnni); on AMX ones,
+    # the packed matmuls AMX serves go on tiles before that (schedules.amx).
     vnni = [VnniTiling()] if has_vnni(target) else []
+    kinds = tuple(kind.name for kind in amx_kinds(target))
+    amx = [AmxTiling(kinds)] if kinds else []
     return [
         ms.schedule_rule.ApplyCustomRule(),
         ms.schedule_rule.InlineConstantScalars(),
@@ -97,6 +101,7 @@ def _cpu_rules(target: Target) -> list[Any]:
             disallow_op=["tirx.exp"],
         ),
         ms.schedule_rule.AddRFactor(max_jobs_per_core=16, max_innermost_factor=64),
+        *amx,
         *vnni,
         ms.schedule_rule.MultiLevelTiling(**cpu_tiling_args()),
         ms.schedule_rule.ParallelizeVectorizeUnroll(
@@ -111,7 +116,11 @@ def _cpu_rules(target: Target) -> list[Any]:
 
 def _cpu_postprocs(target: Target) -> list[Any]:
     # TVM's DefaultCPUTensorization postprocessors where a rule may tensorize.
-    tensorize = [ms.postproc.RewriteTensorize(vectorize_init_loop=True)] if has_vnni(target) else []
+    tensorize = (
+        [ms.postproc.RewriteTensorize(vectorize_init_loop=True)]
+        if has_vnni(target) or amx_kinds(target)
+        else []
+    )
     return [
         ms.postproc.DisallowDynamicLoop(),
         ms.postproc.RewriteParallelVectorizeUnroll(),

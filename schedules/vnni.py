@@ -17,6 +17,10 @@ from kiln_tvm.x86_vnni import VNNI_INTRINSIC
 
 #: Block annotation of a kernel whose weight is packed for the VNNI intrinsic.
 VNNI_BLOCK = "kiln.vnni_packed"
+#: Block annotation of a bf16 matmul whose weight is packed for AMX's ``tdpbf16ps`` (``[N/16, K/2, 16, 2]``).
+BF16_BLOCK = "kiln.amx_bf16_packed"
+#: The marks of kernels over packed weights (whose layout MetaSchedule must not rewrite).
+PACKED_BLOCKS = (VNNI_BLOCK, BF16_BLOCK)
 
 
 def has_vnni(target: Target) -> bool:
@@ -33,26 +37,28 @@ def is_vnni_block(sch: s_tir.Schedule, block: Any) -> bool:
     return VNNI_BLOCK in sch.get(block).annotations
 
 
-def has_vnni_block(stmt: Any) -> bool:
-    """Whether a PrimFunc's body (or any statement) holds a block packed for the VNNI intrinsic."""
+def has_packed_block(stmt: Any) -> bool:
+    """Whether a PrimFunc's body (or any statement) holds a block over a packed weight
+    (:data:`PACKED_BLOCKS`)."""
     if isinstance(stmt, tvm.tirx.PrimFunc):
-        return has_vnni_block(stmt.body)
+        return has_packed_block(stmt.body)
     if isinstance(stmt, tvm.s_tir.SBlockRealize):
-        return VNNI_BLOCK in stmt.block.annotations or has_vnni_block(stmt.block.body)
+        marked = any(mark in stmt.block.annotations for mark in PACKED_BLOCKS)
+        return marked or has_packed_block(stmt.block.body)
     if isinstance(stmt, tvm.tirx.SeqStmt):
-        return any(has_vnni_block(s) for s in stmt.seq)
+        return any(has_packed_block(s) for s in stmt.seq)
     if isinstance(stmt, tvm.tirx.IfThenElse):
-        return has_vnni_block(stmt.then_case) or (
-            stmt.else_case is not None and has_vnni_block(stmt.else_case)
+        return has_packed_block(stmt.then_case) or (
+            stmt.else_case is not None and has_packed_block(stmt.else_case)
         )
-    return hasattr(stmt, "body") and has_vnni_block(stmt.body)
+    return hasattr(stmt, "body") and has_packed_block(stmt.body)
 
 
 #: Loop annotation that stops MetaSchedule's vectorization at the loop (any annotation does).
 _NOT_VECTORIZED = "kiln.around_tensor_intrinsic"
 
 
-def _keep_scalar_around_intrinsic(sch: s_tir.Schedule, outer_block: str) -> None:
+def keep_scalar_around_intrinsic(sch: s_tir.Schedule, outer_block: str) -> None:
     """Annotate the innermost loop around the tensorized block ``outer_block``, so that the postprocessor
     vectorizing the innermost spatial loops leaves it alone: vectorizing a loop around the 16-lane
     intrinsic fails to build (``Cannot broadcast lanes=32 ... to 128``) and costs a trial."""
@@ -94,7 +100,7 @@ class VnniTiling(ms.schedule_rule.PyScheduleRule):
         name = sch.get(block).name_hint
         tiled = list(self.inner.apply(sch, block))
         for candidate in tiled:
-            _keep_scalar_around_intrinsic(candidate, f"{name}_o")
+            keep_scalar_around_intrinsic(candidate, f"{name}_o")
         return tiled
 
     def clone(self) -> VnniTiling:

@@ -102,10 +102,14 @@ class FusionOut(EntityOut):
     )
     integer_kernels: str = Field(
         default="",
-        description="How the integer kernels compute: 'vnni' (weights packed for the vpdpbusd dot product "
+        description="How the integer kernels compute: 'amx' (as 'vnni', and the packed matmuls that are whole "
+        "16x32x64 blocks on AMX tiles), 'vnni' (weights packed for the vpdpbusd dot product "
         "where they fit), 'plain' (tiled integer loops: the CPU has no AVX512-VNNI), '' without any",
     )
     vnni_packed: list[str] = Field(default_factory=list, description="Integer operators on VNNI kernels")
+    amx_matmuls: list[str] = Field(
+        default_factory=list, description="Of the packed operators, the matmuls tuned on AMX tiles (tdpbusd)"
+    )
     vnni_unpacked: list[str] = Field(
         default_factory=list, description="Integer operators on a VNNI CPU left on plain kernels, and why"
     )
@@ -116,8 +120,12 @@ class FusionOut(EntityOut):
     )
     precision_compute: str = Field(
         default="",
-        description="How the target computes them: 'native' (low-precision instructions) or 'emulated' "
-        "(widened to fp32), '' when the policy changed nothing",
+        description="How the target computes them: 'native' (low-precision instructions: AMX-BF16 tiles), "
+        "'mixed' (some natively, the others widened), 'emulated' (widened to fp32), '' when the policy "
+        "changed nothing",
+    )
+    amx_bf16_matmuls: list[str] = Field(
+        default_factory=list, description="Of the reduced operators, the bf16 matmuls on AMX-BF16 tiles"
     )
     precision_note: str = Field(default="", description="Why the target computes them that way")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln_tvm import ms
+from kiln_tvm.x86_amx import permission_constructor_object
 from tuner.entities import StoredRecord
 
 RECORDS_PER_WORKLOAD = 32
@@ -118,11 +119,13 @@ def _native_stderr_muted() -> Iterator[None]:
         os.close(saved)
 
 
-def export_library(executable: Any, dest: Path) -> Path:
-    """Export a compiled model as a shared library (linked with the system C++ compiler)."""
+def export_library(executable: Any, dest: Path, amx: bool = False) -> Path:
+    """Export a compiled model as a shared library (linked with the system C++ compiler). With ``amx``
+    (kernels tuned for AMX tiles), the library asks Linux for AMX state when it is loaded."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _native_stderr_muted():
-        executable.export_library(str(dest))
+    with _native_stderr_muted(), tempfile.TemporaryDirectory() as workdir:
+        addons = [str(permission_constructor_object(Path(workdir)))] if amx else None
+        executable.export_library(str(dest), addons=addons)
     return dest
 
 

@@ -145,15 +145,19 @@ class FusionSummary:
     operator_histogram: dict[str, int] = field(default_factory=dict)
     integer_ops: list[str] = field(default_factory=list)  # "conv2d 1x3x32x32 * 16x3x3x3 -> int8"
     kept_float: list[KeptFloat] = field(default_factory=list)
-    #: How the integer kernels compute: "vnni" (weights packed for vpdpbusd where they fit), "plain"
-    #: (tiled integer loops: the CPU has no AVX512-VNNI); "" without integer kernels.
+    #: How the integer kernels compute: "amx" (weights packed for vpdpbusd where they fit, and the packed
+    #: matmuls that are whole 16 x 32 x 64 blocks on AMX tiles), "vnni" (packed for vpdpbusd where they
+    #: fit), "plain" (tiled integer loops: the CPU has no AVX512-VNNI); "" without integer kernels.
     integer_kernels: str = ""
     vnni_packed: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
+    amx_matmuls: list[str] = field(default_factory=list)  # of vnni_packed, those tuned on AMX tiles
     vnni_unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: why"
     #: The job's precision policy (tuner.precision), the operators it put on low-precision operands, and
-    #: how the target computes them: "native", "emulated" (with why in the note), or "" when none was.
+    #: how the target computes them: "native", "mixed", "emulated" (with why in the note), or "" when none
+    #: was; the bf16 matmuls on AMX-BF16 kernels among them.
     precision: str = "as-is"
     reduced_ops: list[str] = field(default_factory=list)  # "matmul 32x512 @ 512x2048 -> bf16"
+    amx_bf16_matmuls: list[str] = field(default_factory=list)  # "matmul 128x256 @ 256x1024"
     precision_compute: str = ""
     precision_note: str = ""
 

@@ -40,8 +40,8 @@ class BestSchedule:
 
 #: Bumped when what a stored plan holds changes (2: the tasks' polyhedral analyses; 3: the quantized
 #: operators lowered to integers and those kept in float; 4: integer kernels packed for VNNI; 5: the
-#: precision policy), so older plans are planned again rather than served without it.
-PLAN_FORMAT = 5
+#: precision policy; 6: the matmuls on AMX tiles), so older plans are planned again rather than served without it.
+PLAN_FORMAT = 6
 
 
 def plan_model(

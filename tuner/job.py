@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schedules.amx import amx_kinds
 from schedules.poly.caches import UNKNOWN, CacheHierarchy, host_caches, parse_cache_spec
 from schedules.spaces import SpaceOptions, check_space, default_space_name, get_space
 from tuner.artifact import export_library, pack_artifact
@@ -286,7 +287,7 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     recorder.stage("compiling")
     build_dir = settings.jobs_dir / job.id / "build"
     tuned_exe = build_tuned(plan, target, database)
-    tuned_lib = export_library(tuned_exe, build_dir / "model.so")
+    tuned_lib = export_library(tuned_exe, build_dir / "model.so", amx=bool(amx_kinds(target)))
     comparisons: list[Comparison] = []
     latency = Latencies()
     accuracy = None

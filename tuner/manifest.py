@@ -51,6 +51,7 @@ def job_manifest(
             "kept_float": [dataclasses.asdict(k) for k in plan.fusion.kept_float],
             "integer_kernels": plan.fusion.integer_kernels,
             "vnni_packed": plan.fusion.vnni_packed,
+            "amx_matmuls": plan.fusion.amx_matmuls,
             "vnni_unpacked": plan.fusion.vnni_unpacked,
             "accuracy": accuracy.to_dict() if accuracy is not None and accuracy.tolerance is None else None,
         },
@@ -58,6 +59,7 @@ def job_manifest(
             "policy": job.spec.precision,
             "reduced_ops": plan.fusion.reduced_ops,
             "compute": plan.fusion.precision_compute,
+            "amx_bf16_matmuls": plan.fusion.amx_bf16_matmuls,
             "note": plan.fusion.precision_note,
             "accuracy": accuracy.to_dict()
             if accuracy is not None and accuracy.tolerance is not None

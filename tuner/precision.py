@@ -7,10 +7,11 @@ to load), while everything sensitive to rounding (softmax, normalisation, reduct
 fused after the matmul) keeps float32, since only these operators' inputs are cast.
 
 How the CPU computes it is reported as it is: TVM 0.27 legalizes bf16 arithmetic to float32
-(``BF16ComputeLegalize``: each bf16 value widened when loaded) and fp16 likewise (F16C conversions), and
-Kiln has no ``vdpbf16ps``/AMX tensor intrinsic yet, so on every CPU the products are *emulated* in fp32
-on the low-precision values: the numerics of the low precision, the speed of fp32 on the arithmetic, half
-the weight bytes on the memory side.
+(``BF16ComputeLegalize``: each bf16 value widened when loaded) and fp16 likewise (F16C conversions), so
+the products are *emulated* in fp32 on the low-precision values (the numerics of the low precision, the
+speed of fp32 on the arithmetic, half the weight bytes on the memory side), except where the CPU has
+AMX-BF16: there the bf16 matmuls that are whole AMX blocks run *natively* on ``tdpbf16ps`` tiles
+(:mod:`tuner.bf16_amx`); convolutions, and AVX512-BF16's ``vdpbf16ps``, are not used yet.
 """
 
 from __future__ import annotations
@@ -54,24 +55,31 @@ class PrecisionCompute:
     note: str
 
 
-def precision_compute(policy: str, target: Target) -> PrecisionCompute:
-    """Whether ``target`` computes ``policy``'s products on low-precision instructions, and why not."""
+def precision_compute(policy: str, target: Target, reduced: int = 0, on_amx: int = 0) -> PrecisionCompute:
+    """Whether ``target`` computes ``policy``'s products on low-precision instructions, and why not;
+    ``on_amx`` of the ``reduced`` operators are bf16 matmuls on AMX-BF16 kernels."""
     if policy == "as-is":
         return PrecisionCompute("", "")
     features = set()
     if target.kind.name == "llvm":
         features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    widened = "bf16 values widened to fp32 and multiplied in fp32 (TVM's BF16ComputeLegalize)"
+    if policy == "bf16" and on_amx:
+        tiles = f"{on_amx} of {reduced} on AMX-BF16 tiles (tdpbf16ps, fp32 accumulation)"
+        if on_amx >= reduced:
+            return PrecisionCompute("native", tiles)
+        return PrecisionCompute(
+            "mixed", f"{tiles}; the others (convolutions, matmuls not whole 16x32x32 blocks): {widened}"
+        )
     if policy == "bf16":
         has = sorted(features & {"avx512bf16", "amx-bf16"})
-        why = (
-            f"the CPU has {', '.join(has)}, which Kiln's kernels do not use yet"
-            if has
-            else "the CPU has no AVX512-BF16 or AMX-BF16"
-        )
-        return PrecisionCompute(
-            "emulated",
-            f"bf16 values widened to fp32 and multiplied in fp32 (TVM's BF16ComputeLegalize): {why}",
-        )
+        if "amx-bf16" in has:
+            why = "the CPU has AMX-BF16, but no operator is a matmul of whole 16x32x32 AMX blocks"
+        elif has:
+            why = f"the CPU has {', '.join(has)}, which Kiln's kernels do not use yet"
+        else:
+            why = "the CPU has no AVX512-BF16 or AMX-BF16"
+        return PrecisionCompute("emulated", f"{widened}: {why}")
     why = (
         "the CPU has avx512fp16, which TVM 0.27 does not emit"
         if "avx512fp16" in features

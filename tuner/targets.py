@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any
 
-from kiln_tvm import Target, physical_core_count, tvm
+from kiln_tvm import Target, host_cpu, physical_core_count, tvm
 from tuner.errors import InvalidTarget
 
 SUPPORTED_KINDS = ("llvm", "cuda")
@@ -23,12 +23,15 @@ _KEY_ATTRS = ("kind", "mtriple", "mcpu", "mattr", "num-cores", "arch", "max_num_
 
 
 def host_target() -> dict[str, Any]:
-    """The CPU this process runs on: LLVM's name for it and its physical core count."""
-    return {
-        "kind": "llvm",
-        "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
-        "num-cores": physical_core_count(),
-    }
+    """The CPU this process runs on: LLVM's name for it, the features that name misses and the CPU
+    reports (``mattr``: AMX, VNNI, BF16... under a hypervisor that names an older part), and its
+    physical core count."""
+    target: dict[str, Any] = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+    named = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(Target(target))}
+    extra = sorted(host_cpu.llvm_features() - named)
+    if extra:
+        target["mattr"] = [f"+{feature}" for feature in extra]
+    return {**target, "num-cores": physical_core_count()}
 
 
 def resolve_target(spec: str | dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +143,7 @@ def canonical_target_key(target: dict[str, Any]) -> str:
         value = exported.get(attr)
         if value in (None, "", [], ()):
             continue
-        if isinstance(value, list | tuple):
+        if not isinstance(value, str) and hasattr(value, "__iter__"):  # a list, or TVM's Array of mattr
             value = ",".join(sorted(str(v) for v in value))
         parts.append(f"-{attr}={value}")
     return " ".join(parts)

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
+from kiln_tvm.x86_amx import INT8
+from schedules.amx import fits_amx_tiles, has_amx_bf16, has_amx_int8
 from schedules.vnni import has_vnni
+from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
 from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, TaskInfo
 from tuner.precision import PrecisionReport, precision_compute, reduce_precision
@@ -41,6 +44,7 @@ def inference_passes(
     vnni_report: VnniReport | None = None,
     precision: str = "as-is",
     precision_report: PrecisionReport | None = None,
+    bf16_report: Bf16AmxReport | None = None,
 ) -> tvm.transform.Pass:
     """Inference simplifications run before legalization.
 
@@ -58,6 +62,8 @@ def inference_passes(
 
     With a ``vnni_report`` (CPUs with AVX512-VNNI), the integer matmuls and NHWC convolutions whose
     weights fit are then put on kernels over weights packed for ``vpdpbusd`` (:mod:`tuner.quant.vnni`).
+    With a ``bf16_report`` (the bf16 policy on CPUs with AMX-BF16), the bf16 matmuls that are whole AMX
+    blocks go on kernels over weights packed for ``tdpbf16ps`` (:mod:`tuner.bf16_amx`).
 
     With ``fast_math``, ``exp``, ``erf``, ``tanh`` and softmax use TVM's polynomial approximations
     (``topi.fast_exp``...): LLVM lowers the exact ones to a scalar libm call per element (an erf costs
@@ -79,6 +85,7 @@ def inference_passes(
             relax.transform.FoldConstant(),
             relax.transform.DeadCodeElimination(),
             *([pack_for_vnni(vnni_report)] if vnni_report is not None else []),
+            *([pack_for_amx_bf16(bf16_report)] if bf16_report is not None else []),
         ]
     )
 
@@ -150,13 +157,22 @@ def plan_graph(
     quant = QuantReport()
     vnni = VnniReport() if cpu and has_vnni(target) else None
     reduced = PrecisionReport()
+    bf16 = Bf16AmxReport() if cpu and precision == "bf16" and has_amx_bf16(target) else None
     prepared = inference_passes(
-        cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni, precision, reduced
+        cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni, precision, reduced, bf16
     )(mod)
     lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]
-    compute = precision_compute(precision if reduced.reduced else "as-is", target)
+    on_amx = bf16.packed if bf16 is not None else []
+    compute = precision_compute(
+        precision if reduced.reduced else "as-is", target, len(reduced.reduced), len(on_amx)
+    )
+    amx = (
+        [core for core, extents in vnni.matmul_extents.items() if fits_amx_tiles(INT8, *extents)]
+        if vnni is not None and has_amx_int8(target)
+        else []
+    )
     fusion = FusionSummary(
         operators_before=sum(operators.values()),
         kernels_after=_kernel_calls(lowered),
@@ -164,11 +180,13 @@ def plan_graph(
         operator_histogram=operators,
         integer_ops=quant.lowered,
         kept_float=quant.kept_float,
-        integer_kernels=("vnni" if vnni is not None else "plain") if quant.lowered else "",
+        integer_kernels=_integer_kernels(quant, vnni, amx),
         vnni_packed=vnni.packed if vnni is not None else [],
+        amx_matmuls=amx,
         vnni_unpacked=vnni.unpacked if vnni is not None else [],
         precision=precision,
         reduced_ops=reduced.reduced,
+        amx_bf16_matmuls=on_amx,
         precision_compute=compute.mode,
         precision_note=compute.note,
     )
@@ -180,6 +198,15 @@ def plan_graph(
         fusion=fusion,
         weight_prepack=prepack,
     )
+
+
+def _integer_kernels(quant: QuantReport, vnni: VnniReport | None, amx: list[str]) -> str:
+    """The job's ``integer_kernels`` (see :class:`tuner.entities.FusionSummary`)."""
+    if not quant.lowered:
+        return ""
+    if vnni is None:
+        return "plain"
+    return "amx" if amx else "vnni"
 
 
 def _is_scheduled(task: Any) -> bool:

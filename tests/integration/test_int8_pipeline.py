@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+from schedules.amx import has_amx_int8
 from schedules.vnni import has_vnni
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
@@ -94,20 +95,18 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     assert np.abs(got - onnxruntime_output(path, x)).max() <= 1.001 * step
 
 
-def test_a_model_quantized_by_onnxruntime_reports_top1_agreement_with_its_float_model(
-    sqlite_store: Store, tmp_path: Path
-) -> None:
-    """The way users quantize (onnxruntime's quantize_static), with the float model given: the accuracy
-    report adds, per output, the share of rows whose arg-max agrees with the float model's."""
+def _quantized_mlp(workdir: Path, batch: int) -> tuple[Path, Path]:
+    """:func:`build_mlp` and its QDQ twin from onnxruntime's ``quantize_static`` (per-channel weights)."""
     quantization = pytest.importorskip("onnxruntime.quantization")
-    settings = Settings(data_dir=tmp_path, database_url=None)
-    fp32, int8 = tmp_path / "mlp.onnx", tmp_path / "mlp_int8.onnx"
-    onnx.save(build_mlp(batch=4), fp32)
+    fp32, int8 = workdir / "mlp.onnx", workdir / "mlp_int8.onnx"
+    onnx.save(build_mlp(batch=batch), fp32)
     rng = np.random.default_rng(0)
 
     class Calibration(quantization.CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter([{"x": rng.standard_normal((4, 256)).astype(np.float32)} for _ in range(8)])
+            self.batches = iter(
+                [{"x": rng.standard_normal((batch, 256)).astype(np.float32)} for _ in range(8)]
+            )
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.batches, None)
@@ -115,6 +114,46 @@ def test_a_model_quantized_by_onnxruntime_reports_top1_agreement_with_its_float_
     quantization.quantize_static(
         str(fp32), str(int8), Calibration(), quant_format=quantization.QuantFormat.QDQ, per_channel=True
     )
+    return fp32, int8
+
+
+@pytest.mark.skipif(
+    not has_amx_int8(to_tvm_target(host_target())),
+    reason="this CPU has no AMX-INT8 (tests/unit/test_amx.py builds the AMX kernels for one)",
+)
+def test_an_int8_mlp_tunes_on_amx_tiles_and_plain_tvm_runs_its_artifact(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    _, int8 = _quantized_mlp(tmp_path, batch=32)
+    model, _ = register_model(sqlite_store, settings, int8)
+    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=8))
+    result = run_job(sqlite_store, settings, job.id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    assert all(c.ok for c in result.comparisons), result.comparisons
+    # 32 x 256 @ 256 x 512 is whole 16 x 32 x 64 blocks; 512 x 10 is not packed at all (10 columns).
+    assert result.fusion.integer_kernels == "amx"
+    assert [m.split(" ")[1:4] for m in result.fusion.amx_matmuls] == [["32x256", "@", "256x512"]]
+    fc1 = next(t for t in result.tasks if "vnni_matmul" in t.name)
+    tuned = best_schedule(sqlite_store, result.job, fc1).tir
+    assert "llvm.x86.tdpbusd" in tuned and "llvm.x86.ldtilecfg" in tuned, tuned
+    (out,) = result.job.accuracy.outputs  # type: ignore[union-attr]
+    assert out.max_steps is not None and out.max_steps <= 1.001
+
+    # Plain TVM in a fresh process, which never asked Linux for AMX state: the library asks on load.
+    x = np.random.default_rng(9).standard_normal((32, 256)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    model_proto = onnx.load(int8)
+    assert np.abs(got - onnxruntime_output(int8, x)).max() <= 1.001 * output_step(model_proto)
+
+
+def test_a_model_quantized_by_onnxruntime_reports_top1_agreement_with_its_float_model(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """The way users quantize (onnxruntime's quantize_static), with the float model given: the accuracy
+    report adds, per output, the share of rows whose arg-max agrees with the float model's."""
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    fp32, int8 = _quantized_mlp(tmp_path, batch=4)
     quantized, _ = register_model(sqlite_store, settings, int8)
     floats, _ = register_model(sqlite_store, settings, fp32)
     spec = JobSpec(model_id=quantized.id, target=host_target(), trials=4, float_model_id=floats.id)

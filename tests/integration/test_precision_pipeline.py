@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+from schedules.amx import has_amx_bf16
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.models import build_mlp
@@ -22,7 +23,7 @@ from tuner.models import register_model
 from tuner.precision import RELATIVE_TOLERANCE
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.targets import host_target
+from tuner.targets import host_target, to_tvm_target
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +71,41 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
     assert manifest["verification"]["tolerance"] == {"norm_wise_relative": accuracy.tolerance}
 
     x = np.random.default_rng(7).standard_normal((4, 256)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    want = onnxruntime_output(path, x)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]
+
+
+@pytest.mark.skipif(
+    not has_amx_bf16(to_tvm_target(host_target())),
+    reason="this CPU has no AMX-BF16 (tests/unit/test_amx.py builds the bf16 AMX kernels for one)",
+)
+def test_a_bf16_job_on_an_amx_cpu_computes_the_matmuls_that_fit_natively(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    path = tmp_path / "mlp32.onnx"
+    onnx.save(build_mlp(batch=32), path)
+    model, _ = register_model(sqlite_store, settings, path)
+    spec = JobSpec(model_id=model.id, target=host_target(), trials=8, precision="bf16")
+    result = run_job(sqlite_store, settings, submit_job(sqlite_store, spec).id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    # 32 x 256 @ 256 x 512 is whole 16 x 32 x 32 blocks; 512 x 10 is not (10 columns): "mixed".
+    assert result.fusion.amx_bf16_matmuls == ["matmul 32x256 @ 256x512"]
+    assert result.fusion.precision_compute == "mixed"
+    assert result.fusion.precision_note.startswith("1 of 2 on AMX-BF16 tiles (tdpbf16ps")
+    fc1 = next(t for t in result.tasks if "amx_bf16_matmul" in t.name)
+    tuned = best_schedule(sqlite_store, result.job, fc1).tir
+    assert "llvm.x86.tdpbf16ps" in tuned, tuned
+    (out,) = result.job.accuracy.outputs  # type: ignore[union-attr]
+    assert out.relative_error is not None and 0 < out.relative_error <= RELATIVE_TOLERANCE["bf16"]
+
+    with tarfile.open(result.artifact.path, "r:gz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    assert manifest["precision"]["compute"] == "mixed"
+    assert manifest["precision"]["amx_bf16_matmuls"] == result.fusion.amx_bf16_matmuls
+    # Plain TVM in a fresh process (which never asked Linux for AMX state: the library asks on load).
+    x = np.random.default_rng(8).standard_normal((32, 256)).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     want = onnxruntime_output(path, x)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from kiln_tvm import relax
-from schedules.vnni import has_vnni_block
+from schedules.vnni import has_packed_block
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.compile import LoadedModel, build_untuned
 from tuner.frontend import load_model
@@ -81,7 +81,7 @@ def _integer_cores(plan: GraphPlan) -> list[list[relax.Expr]]:
     for c in _ops(plan.prepared["main"]):
         if c.op.name in CORE_OPS and str(c.ty.dtype) == "int32":
             cores.append(list(c.args[:2]))
-        elif c.op.name == "relax.call_tir" and has_vnni_block(plan.prepared[c.args[0]]):
+        elif c.op.name == "relax.call_tir" and has_packed_block(plan.prepared[c.args[0]]):
             cores.append(list(c.args[1].fields))
     return cores
 

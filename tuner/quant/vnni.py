@@ -28,7 +28,7 @@ import numpy as np
 
 from kiln_tvm import relax, s_tir, tvm
 from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_LANES
-from schedules.vnni import VNNI_BLOCK, has_vnni_block
+from schedules.vnni import VNNI_BLOCK, has_packed_block
 from tuner.quant.qdq import describe_core
 
 te = tvm.te
@@ -41,6 +41,8 @@ class VnniReport:
 
     packed: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
     unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: 3 input channels ..."
+    #: Each packed matmul's (rows, columns, reduction), by its description in ``packed``.
+    matmul_extents: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
@@ -59,11 +61,11 @@ def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
 
 
 def keep_packed_layouts(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with the VNNI kernels' weights no longer marked layout-free: they are packed already, in
+    """``mod`` with the packed kernels' weights (VNNI, AMX-BF16) no longer marked layout-free: they are packed already, in
     the layout the tensor intrinsic reads, which MetaSchedule's layout rewriting must not change."""
     for gvar, func in list(mod.functions.items()):
         marked = isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "layout_free_buffers" in func.attrs
-        if marked and has_vnni_block(func):
+        if marked and has_packed_block(func):
             mod[gvar] = func.without_attr("layout_free_buffers")
     return mod
 
@@ -118,11 +120,17 @@ def conv2d_kernel(x: Any, packed: Any, strides: tuple[int, int], dilation: tuple
     return te.compute((batch, out_h, out_w, blocks * VNNI_LANES), body, name="vnni_conv2d")
 
 
-def _marked(func: tvm.tirx.PrimFunc, block: str) -> tvm.tirx.PrimFunc:
-    """``func`` with its block ``block`` annotated as packed for VNNI."""
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    sch.annotate(sch.get_sblock(block), VNNI_BLOCK, 1)
-    return sch.mod["main"]
+def emit_marked_kernel(
+    builder: relax.BlockBuilder, kernel: Any, args: list[relax.Expr], name: str, mark: str
+) -> relax.Expr:
+    """Emit the TE ``kernel`` on ``args`` as the PrimFunc ``name``, its block ``name`` annotated ``mark``
+    (the rules of :mod:`schedules` tensorize marked blocks only)."""
+    out = builder.call_te(kernel, *args, primfunc_name_hint=name)
+    gvar = out.args[0]
+    sch = s_tir.Schedule(tvm.IRModule({"main": builder.get()[gvar]}))
+    sch.annotate(sch.get_sblock(name), mark, 1)
+    builder.update_func(gvar, sch.mod["main"])
+    return out
 
 
 @relax.expr_functor.mutator
@@ -157,6 +165,9 @@ class _VnniMutator(relax.PyExprMutator):
         if why:
             return self._declined(call, why)
         packed = relax.const(pack_matmul_weight(weight), "int8")
+        x_shape = [int(d) for d in call.args[0].ty.shape]
+        rows = x_shape[-2] if len(x_shape) > 1 else 1
+        self.report.matmul_extents[describe_core(call)] = (rows, int(weight.shape[1]), int(weight.shape[0]))
         return self._emit(call, matmul_kernel, [call.args[0], packed], "vnni_matmul")
 
     def _conv2d(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
@@ -185,11 +196,8 @@ class _VnniMutator(relax.PyExprMutator):
         return self._emit(call, kernel, [x, packed], "vnni_conv2d")
 
     def _emit(self, call: relax.Call, kernel: Any, args: list[relax.Expr], name: str) -> relax.Expr:
-        out = self.builder_.call_te(kernel, *args, primfunc_name_hint=name)
-        gvar = out.args[0]
-        self.builder_.update_func(gvar, _marked(self.builder_.get()[gvar], name))
         self.report.packed.append(describe_core(call))
-        return out
+        return emit_marked_kernel(self.builder_, kernel, args, name, VNNI_BLOCK)
 
 
 def _is_integer_core(call: relax.Call) -> bool:
