@@ -27,6 +27,7 @@ from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import BF16
 from schedules.amx import fits_amx_tiles
 from schedules.vnni import BF16_BLOCK
+from tuner.graph_rewrite import rewrite_functions
 from tuner.quant.qdq import describe_core
 from tuner.quant.vnni import emit_marked_kernel
 
@@ -49,11 +50,7 @@ def pack_for_amx_bf16(report: Bf16AmxReport | None = None) -> tvm.transform.Pass
 
     @tvm.transform.module_pass(opt_level=0, name="KilnPackForAMXBF16")
     def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        mutator = _Bf16Mutator(mod, sink)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+        return relax.transform.DeadCodeElimination()(rewrite_functions(_Bf16Mutator(mod, sink)))
 
     return rewrite
 

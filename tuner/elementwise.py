@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln_tvm import relax, s_tir, structural_equal, tvm
+from tuner.graph_rewrite import rewrite_functions
 
 # TIR binary expression type -> the Relax operator that computes it elementwise.
 _TIR_BINARY_OPS: dict[type, Any] = {
@@ -35,11 +36,7 @@ def elementwise_as_operators() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="KilnElementwiseAsOperators")
     def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        mutator = _ElementwiseMutator(mod)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+        return relax.transform.DeadCodeElimination()(rewrite_functions(_ElementwiseMutator(mod)))
 
     return rewrite
 

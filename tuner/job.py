@@ -296,13 +296,13 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
         inputs = random_inputs(imported.signature, spec.seed)
         untuned_exe = build_untuned(imported.mod, target)
         floats = _float_reference(store, settings, spec, target)
+        quantized = bool(plan.fusion.integer_ops or plan.fusion.kept_float)
         if plan.fusion.reduced_ops:  # bf16/fp16 products: held to the policy's norm-wise error
             comparisons, accuracy = verify_reduced_precision(
                 imported, tuned_exe, untuned_exe, spec.seed, spec.precision, floats
             )
         else:
-            comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs)
-        quantized = plan.fusion.integer_ops or plan.fusion.kept_float
+            comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs, quantized)
         if quantized or (floats is not None and accuracy is None):
             accuracy = measure_accuracy(imported, tuned_exe, spec.seed, floats) or accuracy
         recorder.stage("measuring")

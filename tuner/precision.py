@@ -21,6 +21,7 @@ from typing import Any
 
 from kiln_tvm import Target, relax, tvm
 from tuner.errors import InvalidSpec
+from tuner.graph_rewrite import rewrite_functions
 from tuner.quant.qdq import describe_core
 
 #: The policies a job may ask for; ``as-is`` changes nothing.
@@ -98,11 +99,7 @@ def reduce_precision(policy: str, report: PrecisionReport | None = None) -> tvm.
     def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         if policy == "as-is":
             return mod
-        mutator = _ReducingMutator(mod, _DTYPES[policy], policy, sink)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return rewrite_functions(_ReducingMutator(mod, _DTYPES[policy], policy, sink))
 
     return rewrite
 

@@ -160,6 +160,36 @@ def test_upload_tune_watch_inspect_download(
     assert "succeeded" in row.inner_text() and "×" in row.inner_text()
 
 
+def test_a_bf16_job_page_says_how_it_computed_and_how_accurate_it_is(
+    start_server: Callable[..., str], browser_page, tmp_path: Path
+) -> None:
+    """A job under the bf16 policy, made over the API: its page shows the policy, the reduced operators
+    and how this CPU computed them, and the norm-wise accuracy against the float32 model."""
+    page = browser_page
+    url = start_server()
+    model_path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(seed=23), str(model_path))
+    with httpx.Client(base_url=url, timeout=60) as http:
+        with model_path.open("rb") as fh:
+            model = http.post("/api/v1/models", files={"file": ("mlp.onnx", fh)}).json()
+        created = http.post("/api/v1/jobs", json={"model_id": model["id"], "trials": 4, "precision": "bf16"})
+        assert created.status_code == 202, created.text
+        job_id = created.json()["id"]
+
+    page.goto(f"{url}/#/jobs/{job_id}")
+    page.locator("#job-head .badge[data-status=succeeded]").wait_for(timeout=400_000)
+    accuracy = page.locator("#accuracy").inner_text()
+    assert "Accuracy against onnxruntime (float32)" in accuracy and "relative error allowed" in accuracy
+    rows = page.locator("#accuracy tbody tr")
+    assert rows.count() == 1  # the one output: its relative error is given, in exponent form
+    assert "e-" in rows.first.locator("td").nth(3).inner_text()
+    page.click("#graph-details summary")
+    note = page.locator("#precision").inner_text()
+    assert "Precision bf16: 2 matmuls on bf16 operands with fp32 accumulation" in note
+    assert any(mode in note for mode in ("emulated:", "mixed:", "native:")), note
+    assert "matmul 1x256 @ 256x512 -> bf16" in note
+
+
 def test_the_page_asks_for_a_token_and_says_when_it_is_wrong(
     start_server: Callable[..., str], browser_page
 ) -> None:

@@ -26,6 +26,7 @@ from tuner.models import register_model
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
+from tuner.verify import REFERENCE_SEMANTICS
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +78,8 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     # The accuracy report: the tuned outputs within a step of onnxruntime's over seeded inputs, kept in the
     # job (the API's job view) and in the manifest.
     accuracy = result.job.accuracy
-    assert accuracy is not None and accuracy.reference == "onnxruntime" and accuracy.inputs == 8
+    assert accuracy is not None and accuracy.reference == REFERENCE_SEMANTICS and accuracy.inputs == 8
+    assert {c.reference for c in result.comparisons} == {"untuned TVM", REFERENCE_SEMANTICS}
     (out,) = accuracy.outputs
     assert out.step == pytest.approx(output_step(model_proto)) and out.max_steps is not None
     assert out.max_steps <= 1.001 and out.cosine > 0.999

@@ -8,11 +8,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kiln_tvm import ms, register_cpu_tensor_intrinsics, relax, s_tir, tvm
+from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import BF16, INT8, amx_intrinsic_name, request_amx_permission
 from schedules.amx import amx_blocks, has_amx_bf16, has_amx_int8
-from schedules.spaces import space_for
 from schedules.vnni import PACKED_BLOCKS
+from tests.schedule_candidates import sampled_candidates
 from tuner.bf16_amx import Bf16AmxReport, pack_bf16_weight, pack_for_amx_bf16
 from tuner.quant.vnni import pack_for_vnni, pack_matmul_weight
 from tuner.targets import host_target, to_tvm_target
@@ -50,25 +50,6 @@ def _packed_kernel(mod: tvm.IRModule, bf16: bool = False) -> tvm.IRModule:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def _candidates(mod: tvm.IRModule, target: tvm.target.Target, count: int) -> list[s_tir.Schedule]:
-    """``count`` postprocessed candidates of the cpu space, sampled from each of its design spaces."""
-    register_cpu_tensor_intrinsics(amx=True)
-    context = ms.TuneContext(
-        mod=mod, target=target, space_generator=space_for(target, "cpu"), task_name="t", num_threads=2
-    ).clone()
-    candidates = []
-    for _ in range(20 * count):
-        for design in context.space_generator.generate_design_space(mod):
-            sch = s_tir.Schedule(mod, debug_mask="all")
-            design.trace.apply_to_schedule(sch, remove_postproc=True)
-            sch.enter_postproc()
-            if all(p.apply(sch) for p in context.space_generator.postprocs):
-                candidates.append(sch)
-            if len(candidates) == count:
-                return candidates
-    raise AssertionError(f"fewer than {count} sampled candidates passed the postprocessors")
-
-
 def test_blocks_take_the_deepest_reduction_and_the_rows_that_fit() -> None:
     assert amx_blocks(INT8, 64, 512) == [(2, 8), (1, 8)]
     assert amx_blocks(INT8, 48, 192) == [(1, 1)]  # 3 reduction tiles: only depth 1 divides
@@ -78,7 +59,7 @@ def test_blocks_take_the_deepest_reduction_and_the_rows_that_fit() -> None:
 
 def test_packed_matmuls_go_on_amx_tiles_and_their_code_uses_tdpbusd() -> None:
     kernel = _packed_kernel(_matmul_graph(32, 128, 64))
-    (candidate,) = _candidates(kernel, AMX_TARGET, 1)
+    (candidate,) = sampled_candidates(kernel, AMX_TARGET, 1)
     script = candidate.mod.script()
     assert "llvm.x86.tdpbusd" in script and "vpdpbusd" not in script
     assert any(amx_intrinsic_name(INT8, rows, 2, 2) in str(candidate.trace) for rows in (1, 2))
@@ -88,7 +69,7 @@ def test_packed_matmuls_go_on_amx_tiles_and_their_code_uses_tdpbusd() -> None:
 
 def test_what_amx_cannot_serve_stays_on_vnni() -> None:
     # 8 rows: less than one tile; the VNNI rule tensorizes it instead.
-    (candidate,) = _candidates(_packed_kernel(_matmul_graph(8, 128, 64)), AMX_TARGET, 1)
+    (candidate,) = sampled_candidates(_packed_kernel(_matmul_graph(8, 128, 64)), AMX_TARGET, 1)
     script = candidate.mod.script()
     assert "vpdpbusd" in script and "tdpbusd" not in script
 
@@ -103,7 +84,7 @@ def test_amx_candidates_compute_the_integer_matmul_exactly(shape: tuple[int, int
     weight = rng.integers(-128, 128, (depth, cols), dtype=np.int8)
     expected = data.astype(np.int32) @ weight.astype(np.int32)
     kernel = _packed_kernel(_matmul_graph(rows, depth, cols, weight))
-    for attempt, candidate in enumerate(_candidates(kernel, HOST, 3)):
+    for attempt, candidate in enumerate(sampled_candidates(kernel, HOST, 3)):
         assert "llvm.x86.tdpbusd" in candidate.mod.script()
         lib = tvm.compile(candidate.mod, target=HOST)
         out = tvm.runtime.tensor(np.zeros(expected.shape, np.int32))
@@ -126,7 +107,7 @@ def test_bf16_matmuls_that_fit_are_packed_and_go_on_tdpbf16ps() -> None:
     assert report.unpacked == ["matmul 4x64 @ 64x32: not whole 16-row x 32-column x 32-deep AMX blocks"]
 
     kernel = _packed_kernel(_matmul_graph(32, 64, 32, weight, "bfloat16"), bf16=True)
-    (candidate,) = _candidates(kernel, AMX_TARGET, 1)
+    (candidate,) = sampled_candidates(kernel, AMX_TARGET, 1)
     assert "llvm.x86.tdpbf16ps" in candidate.mod.script()
     asm = tvm.compile(candidate.mod, target=AMX_TARGET).mod.inspect_source("asm")
     assert "tdpbf16ps" in asm
@@ -143,7 +124,7 @@ def test_amx_bf16_candidates_compute_the_matmul_with_fp32_accumulation(shape: tu
     # Products of bf16 values are exact in fp32; only the order of the fp32 sums differs.
     expected = data.astype(np.float64) @ weight.astype(np.float64)
     kernel = _packed_kernel(_matmul_graph(rows, depth, cols, weight, "bfloat16"), bf16=True)
-    for attempt, candidate in enumerate(_candidates(kernel, HOST, 3)):
+    for attempt, candidate in enumerate(sampled_candidates(kernel, HOST, 3)):
         assert "llvm.x86.tdpbf16ps" in candidate.mod.script()
         lib = tvm.compile(candidate.mod, target=HOST)
         out = tvm.runtime.tensor(np.zeros(expected.shape, np.float32))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln_tvm import ms, register_cpu_tensor_intrinsics, relax, s_tir, tvm
-from schedules.spaces import space_for
+from kiln_tvm import relax, tvm
 from schedules.vnni import VNNI_BLOCK, has_vnni
+from tests.schedule_candidates import sampled_candidates
 from tuner.quant.vnni import (
     VnniReport,
     conv2d_kernel,
@@ -117,25 +117,6 @@ def test_the_pass_packs_what_fits_and_says_why_not_for_the_rest() -> None:
     assert marked == ["vnni_matmul"]
 
 
-def _sampled_candidates(mod: tvm.IRModule, target: tvm.target.Target, count: int = 1) -> list[s_tir.Schedule]:
-    """``count`` postprocessed candidates of the cpu space, sampled as the search samples its first ones."""
-    register_cpu_tensor_intrinsics()
-    context = ms.TuneContext(
-        mod=mod, target=target, space_generator=space_for(target, "cpu"), task_name="t", num_threads=2
-    ).clone()
-    candidates = []
-    for _ in range(20 * count):
-        for design in context.space_generator.generate_design_space(mod):
-            sch = s_tir.Schedule(mod, debug_mask="all")
-            design.trace.apply_to_schedule(sch, remove_postproc=True)
-            sch.enter_postproc()
-            if all(p.apply(sch) for p in context.space_generator.postprocs):
-                candidates.append(sch)
-            if len(candidates) == count:
-                return candidates
-    raise AssertionError(f"fewer than {count} sampled candidates passed the postprocessors")
-
-
 def _lowered_kernel(mod: tvm.IRModule) -> tvm.IRModule:
     """The packed kernel of the pass' output, alone, as its tuning task sees it."""
     lowered = relax.get_pipeline("zero")(mod)
@@ -147,7 +128,7 @@ def _lowered_kernel(mod: tvm.IRModule) -> tvm.IRModule:
 
 def test_only_packed_blocks_are_tensorized_and_their_code_uses_vpdpbusd() -> None:
     packed = _lowered_kernel(pack_for_vnni()(_integer_graph(64, 32)))
-    (candidate,) = _sampled_candidates(packed, VNNI_TARGET)
+    (candidate,) = sampled_candidates(packed, VNNI_TARGET)
     assert "vpdpbusd" in candidate.mod.script()
     asm = tvm.compile(candidate.mod, target=VNNI_TARGET).mod.inspect_source("asm")
     assert "vpdpbusd" in asm
@@ -160,7 +141,7 @@ def test_only_packed_blocks_are_tensorized_and_their_code_uses_vpdpbusd() -> Non
         (4, 32), lambda i, j: te.sum(x[i, k].astype("int32") * w[k, j].astype("int32"), axis=k), name="mm"
     )
     unpacked = tvm.IRModule({"main": te.create_prim_func([x, w, plain])})
-    assert "vpdpbusd" not in _sampled_candidates(unpacked, VNNI_TARGET)[0].mod.script()
+    assert "vpdpbusd" not in sampled_candidates(unpacked, VNNI_TARGET)[0].mod.script()
 
 
 def _conv_reference(padded: np.ndarray, kernel: np.ndarray, stride: tuple[int, int]) -> np.ndarray:
@@ -201,7 +182,7 @@ def test_tensorized_candidates_compute_the_integer_operator(kind: str) -> None:
     with bb.function("main", [var]):
         bb.emit_func_output(bb.emit(op(var)))
     kernel = _lowered_kernel(pack_for_vnni()(bb.get()))
-    for attempt, candidate in enumerate(_sampled_candidates(kernel, HOST, 3)):
+    for attempt, candidate in enumerate(sampled_candidates(kernel, HOST, 3)):
         assert "vpdpbusd" in candidate.mod.script()
         lib = tvm.compile(candidate.mod, target=HOST)
         out = tvm.runtime.tensor(np.zeros(expected.shape, np.int32))

@@ -33,6 +33,7 @@ import numpy as np
 
 from kiln_tvm import relax, tvm
 from tuner.entities import KeptFloat
+from tuner.graph_rewrite import rewrite_functions
 
 _Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
 _CORE_OPS = ("relax.matmul", "relax.nn.conv2d")
@@ -60,10 +61,7 @@ def lower_qdq(report: QuantReport | None = None) -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="KilnLowerQDQ")
     def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         mutator = _QDQMutator(mod, sink)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        lowered = relax.transform.DeadCodeElimination()(mutator.builder_.get())
+        lowered = relax.transform.DeadCodeElimination()(rewrite_functions(mutator))
         mutator.report_float_leftovers(mod)
         return lowered
 

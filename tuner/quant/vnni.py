@@ -29,6 +29,7 @@ import numpy as np
 from kiln_tvm import relax, s_tir, tvm
 from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_LANES
 from schedules.vnni import VNNI_BLOCK, has_packed_block
+from tuner.graph_rewrite import rewrite_functions
 from tuner.quant.qdq import describe_core
 
 te = tvm.te
@@ -51,11 +52,7 @@ def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="KilnPackForVNNI")
     def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        mutator = _VnniMutator(mod, sink)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+        return relax.transform.DeadCodeElimination()(rewrite_functions(_VnniMutator(mod, sink)))
 
     return rewrite
 

@@ -134,7 +134,10 @@ export function precisionNote(fusion) {
   return h("div", { class: "precision", id: "precision" },
     h("p", {}, `Precision ${fusion.precision}: ${reduced.length} matmul/convolution${reduced.length === 1 ? "" : "s"} on ${fusion.precision} operands with fp32 accumulation, `
       + `${fusion.precision_compute}: ${fusion.precision_note}`),
-    h("ul", {}, reduced.map((op) => h("li", {}, op))));
+    h("ul", {}, reduced.map((op) => h("li", {}, op))),
+    (fusion.amx_bf16_matmuls || []).length
+      ? h("p", { id: "amx-bf16" }, `On AMX-BF16 tiles (tdpbf16ps): ${fusion.amx_bf16_matmuls.join("; ")}`)
+      : null);
 }
 
 function integerKernelsNote(fusion) {
