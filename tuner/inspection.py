@@ -52,8 +52,10 @@ def plan_model(
     target: str | dict[str, Any],
     input_shapes: Any = None,
     cancelled: Callable[[], bool] | None = None,
+    precision: str = "as-is",
 ) -> ModelPlan:
-    """A stored model's tasks and fused graph for ``target``: planned once in the sandbox, then kept.
+    """A stored model's tasks and fused graph for ``target`` (under a job's ``precision`` policy): planned
+    once in the sandbox, then kept.
 
     A planning error that would come again (an unsupported form, a model too large for the memory
     limit) is kept too and raised again; a timeout is not kept (the machine may have been busy).
@@ -67,6 +69,7 @@ def plan_model(
         "weight_prepack": settings.weight_prepack,
         "conv_layout": settings.cpu_conv_layout,
         "fast_math": settings.fast_math,
+        "precision": precision,
         "memory_mb": settings.import_memory_mb,
         "kiln": tuner.__version__,
         "plan_format": PLAN_FORMAT,
@@ -79,7 +82,7 @@ def plan_model(
             stored = store.get_model_plan(model.id, plan_key)
             if stored is None:
                 stored = _plan_in_sandbox(
-                    store, settings, sandbox, model, resolved, target_key, shapes, cancelled
+                    store, settings, sandbox, model, resolved, target_key, shapes, precision, cancelled
                 )
                 if not (isinstance(stored, PlanError) and stored.kind in _TRANSIENT_ERRORS):
                     store.add_model_plan(model.id, plan_key, stored)
@@ -121,6 +124,7 @@ def _plan_in_sandbox(
     target: dict[str, Any],
     target_key: str,
     shapes: dict[str, list[int]],
+    precision: str,
     cancelled: Callable[[], bool] | None,
 ) -> ModelPlan | PlanError:
     args = {
@@ -131,6 +135,7 @@ def _plan_in_sandbox(
         "conv_layout": settings.cpu_conv_layout,
         "fast_math": settings.fast_math,
         "max_unpacked_mb": settings.max_unpacked_mb,
+        "precision": precision,
     }
     try:
         result = sandbox.run("plan", args, cancelled)

@@ -65,14 +65,23 @@ def op_plan(
     conv_layout: str,
     max_unpacked_mb: int,
     fast_math: bool = True,
+    precision: str = "as-is",
 ) -> dict[str, Any]:
-    """Import a stored model and run Kiln's graph passes for ``target``: its tasks, fusion and graph."""
+    """Import a stored model and run Kiln's graph passes for ``target`` (under the ``precision`` policy):
+    its tasks, fusion and graph."""
     from tuner.frontend import load_model
     from tuner.targets import to_tvm_target
     from tuner.tasks import plan_graph
 
     imported = load_model(Path(path), _shapes(input_shapes), max_unpacked_bytes=max_unpacked_mb << 20)
-    plan = plan_graph(imported.mod, to_tvm_target(target), weight_prepack, conv_layout, fast_math)  # type: ignore[arg-type]
+    plan = plan_graph(
+        imported.mod,
+        to_tvm_target(target),
+        weight_prepack,
+        conv_layout,  # type: ignore[arg-type]
+        fast_math,
+        precision=precision,
+    )
     infos = [
         dataclasses.replace(info, polyhedral=_polyhedral(task.dispatched[0]))
         for task, info in zip(plan.tasks, plan.infos, strict=True)

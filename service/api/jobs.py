@@ -159,7 +159,14 @@ async def job_graph(request: Request, job_id: str, state: StateDep, owner: Owner
         model = state.store.get_model(job.spec.model_id)
         shapes = {k: list(v) for k, v in job.spec.input_shapes.items()} or None
         return plan_model(
-            state.store, state.settings, state.sandbox, model, job.spec.target, shapes, client_gone
+            state.store,
+            state.settings,
+            state.sandbox,
+            model,
+            job.spec.target,
+            shapes,
+            client_gone,
+            job.spec.precision,
         )
 
     found = await while_connected(request, plan)

@@ -185,7 +185,7 @@ def test_a_bf16_job_page_says_how_it_computed_and_how_accurate_it_is(
     assert "e-" in rows.first.locator("td").nth(3).inner_text()
     page.click("#graph-details summary")
     note = page.locator("#precision").inner_text()
-    assert "Precision bf16: 2 matmuls on bf16 operands with fp32 accumulation" in note
+    assert "Precision bf16: 2 matmul/convolutions on bf16 operands with fp32 accumulation" in note
     assert any(mode in note for mode in ("emulated:", "mixed:", "native:")), note
     assert "matmul 1x256 @ 256x512 -> bf16" in note
 
