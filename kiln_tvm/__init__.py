@@ -56,8 +56,8 @@ def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu"), a
 
     Installs a package stub under the real name, so later ``import tvm.s_tir.tensor_intrin`` (inside
     ``TuneContext`` or a builder) is a no-op. The VNNI dot product is replaced by one that builds
-    (:mod:`kiln_tvm.x86_vnni`); on a host with AMX, Kiln's AMX intrinsics (:mod:`kiln_tvm.x86_amx`) are
-    registered too (``amx=True`` registers them anywhere, e.g. to build for an AMX target elsewhere).
+    (:mod:`kiln_tvm.x86_vnni`). With ``amx``, Kiln's AMX intrinsics (:mod:`kiln_tvm.x86_amx`) too: they
+    cost ~4 s of parsing, so only callers replaying AMX records ask for them.
     """
     if _TENSOR_INTRIN not in sys.modules:
         stub = types.ModuleType(_TENSOR_INTRIN)
@@ -69,9 +69,9 @@ def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu"), a
         from kiln_tvm.x86_vnni import register_vnni_intrinsic
 
         register_vnni_intrinsic()
-        from kiln_tvm.x86_amx import host_has_amx, register_amx_intrinsics
+        if amx:
+            from kiln_tvm.x86_amx import register_amx_intrinsics
 
-        if amx or host_has_amx():
             register_amx_intrinsics()
 
 

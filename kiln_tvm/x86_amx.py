@@ -35,8 +35,6 @@ from pathlib import Path
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from kiln_tvm.host_cpu import llvm_features
-
 #: Rows and columns of one accumulator tile (32-bit elements).
 TILE_ROWS, TILE_COLS = 16, 16
 #: The accumulator blocks (tiles down, tiles across) and reduction depths (in tile rows) registered, for
@@ -48,12 +46,6 @@ DEPTHS = (1, 2, 4, 8, 16)
 _SYS_ARCH_PRCTL = 158  # x86-64
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
-
-
-def host_has_amx() -> bool:
-    """Whether this machine's CPU has AMX tiles (with the int8 or the bf16 multiply)."""
-    features = llvm_features()
-    return "amx-tile" in features and bool({"amx-int8", "amx-bf16"} & features)
 
 
 def request_amx_permission() -> bool:
@@ -248,18 +240,22 @@ def _zero(kind: AmxKind, rows: int, cols: int) -> tuple[object, object]:
     return desc, impl
 
 
-_registered = False
+_registered: set[str] = set()
 
 
 def register_amx_intrinsics() -> None:
-    """Register every block size of the family, once per process (records replay them by name)."""
-    global _registered
-    if _registered:
-        return
+    """Register every kind and block size, once per process (records replay them by name)."""
     for kind in KINDS:
-        for rows, cols in BLOCKS:
-            TensorIntrin.register(amx_zero_name(kind, rows, cols), *_zero(kind, rows, cols), override=True)
-            for depth in DEPTHS:
-                desc, impl = _intrinsic(kind, rows, cols, depth)
-                TensorIntrin.register(amx_intrinsic_name(kind, rows, cols, depth), desc, impl, override=True)
-    _registered = True
+        register_amx_kind(kind)
+
+
+def register_amx_kind(kind: AmxKind) -> None:
+    """Register every block size of ``kind``, once per process."""
+    if kind.name in _registered:
+        return
+    for rows, cols in BLOCKS:
+        TensorIntrin.register(amx_zero_name(kind, rows, cols), *_zero(kind, rows, cols), override=True)
+        for depth in DEPTHS:
+            desc, impl = _intrinsic(kind, rows, cols, depth)
+            TensorIntrin.register(amx_intrinsic_name(kind, rows, cols, depth), desc, impl, override=True)
+    _registered.add(kind.name)

@@ -32,7 +32,7 @@ from kiln_tvm.x86_amx import (
     AmxKind,
     amx_intrinsic_name,
     amx_zero_name,
-    register_amx_intrinsics,
+    register_amx_kind,
 )
 from schedules.vnni import BF16_BLOCK, VNNI_BLOCK, keep_scalar_around_intrinsic
 
@@ -103,7 +103,6 @@ class AmxTiling(ms.schedule_rule.PyScheduleRule):
 
     def __init__(self, kinds: tuple[str, ...] = (INT8.name, BF16.name)) -> None:
         super().__init__()
-        register_amx_intrinsics()
         self.kinds = tuple(kinds)
 
     def _initialize_with_tune_context(self, context: Any) -> None:
@@ -113,6 +112,7 @@ class AmxTiling(ms.schedule_rule.PyScheduleRule):
         for kind in (INT8, BF16):
             extents = amx_matmul_extents(sch, block, kind) if kind.name in self.kinds else None
             if extents is not None:
+                register_amx_kind(kind)  # here, not up front: most models have no packed matmul
                 rows, _, depth = extents
                 return [_tile(sch.copy(), block, kind, *shape) for shape in amx_blocks(kind, rows, depth)]
         return [sch]

@@ -18,7 +18,8 @@ def build_tuned(plan: GraphPlan, target: Target, database: Any) -> Any:
     Tasks without a record keep TVM's default (unscheduled) code. On CPU, weights are re-laid-out
     once at compile time to the layout the tuned kernels chose.
     """
-    register_cpu_tensor_intrinsics()  # records of VNNI kernels replay a Tensorize instruction
+    # Records of VNNI and AMX kernels replay a Tensorize instruction (AMX's only where the plan has some).
+    register_cpu_tensor_intrinsics(amx=bool(plan.fusion.amx_matmuls or plan.fusion.amx_bf16_matmuls))
     with target, database, tvm.transform.PassContext(opt_level=3):
         mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(plan.lowered)
         if plan.weight_prepack:

@@ -162,7 +162,8 @@ def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) 
     record_data = json.loads(found.record_json)
     workload = ms.database.Workload.from_json(json.loads(found.workload_json))
     record = ms.database.TuningRecord.from_json(record_data, workload)
-    register_cpu_tensor_intrinsics()  # a VNNI kernel's trace tensorizes
+    # A VNNI or AMX kernel's trace tensorizes.
+    register_cpu_tensor_intrinsics(amx="kiln_amx_" in found.record_json)
     sch = s_tir.Schedule(workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     latency_us = found.mean_run_sec * 1e6
