@@ -21,15 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import BF16
 from schedules.amx import fits_amx_tiles
 from schedules.vnni import BF16_BLOCK
 from tuner.graph_rewrite import rewrite_functions
 from tuner.quant.qdq import describe_core
-from tuner.quant.vnni import emit_marked_kernel
+from tuner.quant.vnni import emit_marked_kernel, pack_matmul_weight
 
 te = tvm.te
 _Constant = tvm.ir.expr.Constant
@@ -53,12 +51,6 @@ def pack_for_amx_bf16(report: Bf16AmxReport | None = None) -> tvm.transform.Pass
         return relax.transform.DeadCodeElimination()(rewrite_functions(_Bf16Mutator(mod, sink)))
 
     return rewrite
-
-
-def pack_bf16_weight(weight: np.ndarray) -> np.ndarray:
-    """``W[K, N]`` -> ``Wp[N/16, K/2, 16, 2]``."""
-    k, n = weight.shape
-    return np.ascontiguousarray(weight.reshape(k // _PAIR, _PAIR, n // _LANES, _LANES).transpose(2, 0, 3, 1))
 
 
 def bf16_matmul_kernel(x: Any, packed: Any) -> Any:
@@ -98,7 +90,7 @@ class _Bf16Mutator(relax.PyExprMutator):
             )
             return call
         self.report.packed.append(describe_core(call))
-        packed = relax.const(pack_bf16_weight(weight), "bfloat16")
+        packed = relax.const(pack_matmul_weight(weight, _PAIR), "bfloat16")
         return emit_marked_kernel(
             self.builder_, bf16_matmul_kernel, [call.args[0], packed], "amx_bf16_matmul", BF16_BLOCK
         )

@@ -13,7 +13,7 @@ from kiln_tvm.x86_amx import BF16, INT8, amx_intrinsic_name, request_amx_permiss
 from schedules.amx import amx_blocks, has_amx_bf16, has_amx_int8
 from schedules.vnni import PACKED_BLOCKS
 from tests.schedule_candidates import sampled_candidates
-from tuner.bf16_amx import Bf16AmxReport, pack_bf16_weight, pack_for_amx_bf16
+from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
 from tuner.quant.vnni import pack_for_vnni, pack_matmul_weight
 from tuner.targets import host_target, to_tvm_target
 
@@ -128,7 +128,7 @@ def test_amx_bf16_candidates_compute_the_matmul_with_fp32_accumulation(shape: tu
         assert "llvm.x86.tdpbf16ps" in candidate.mod.script()
         lib = tvm.compile(candidate.mod, target=HOST)
         out = tvm.runtime.tensor(np.zeros(expected.shape, np.float32))
-        lib(tvm.runtime.tensor(data), tvm.runtime.tensor(pack_bf16_weight(weight)), out)
+        lib(tvm.runtime.tensor(data), tvm.runtime.tensor(pack_matmul_weight(weight, BF16.pair)), out)
         np.testing.assert_allclose(
             out.numpy(), expected, rtol=1e-5, atol=1e-4, err_msg=f"candidate {attempt}"
         )

@@ -67,11 +67,11 @@ def keep_packed_layouts(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
-def pack_matmul_weight(weight: np.ndarray) -> np.ndarray:
-    """``W[K, N]`` -> ``Wp[N/16, K/4, 16, 4]``."""
+def pack_matmul_weight(weight: np.ndarray, pair: int = VNNI_DEPTH) -> np.ndarray:
+    """``W[K, N]`` -> ``Wp[N/16, K/pair, 16, pair]`` (VNNI and AMX int8: 4; AMX bf16: 2)."""
     k, n = weight.shape
     return np.ascontiguousarray(
-        weight.reshape(k // VNNI_DEPTH, VNNI_DEPTH, n // VNNI_LANES, VNNI_LANES).transpose(2, 0, 3, 1)
+        weight.reshape(k // pair, pair, n // VNNI_LANES, VNNI_LANES).transpose(2, 0, 3, 1)
     )
 
 
