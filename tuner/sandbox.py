@@ -11,21 +11,21 @@ chain), or crash the process. :class:`ModelSandbox` runs each such request (``in
   or when this process dies (the child exits when its stdin closes),
 
 and at most ``KILN_IMPORT_CONCURRENCY`` of them at once. A child serves one request and exits, so no
-state (TVM's global ``BlockBuilder`` stack, fragmented memory) passes from one model to the next. To keep
-uploads quick, ``KILN_IMPORT_WARM_PROCESSES`` children are started ahead of time: they load TVM, then
-wait for a request.
+state (TVM's global ``BlockBuilder`` stack, fragmented memory) passes from one model to the next. The
+children are forked from one process per Kiln process that has loaded TVM once (:mod:`tuner.fork_server`),
+so that a request does not pay the 5-10 s of loading TVM and PyTorch; ``KILN_IMPORT_WARM_PROCESSES``
+(> 0) starts that process with the service rather than at the first upload.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
 import os
 import selectors
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,6 +36,7 @@ from typing import IO, Any
 import psutil
 
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, ModelTooLarge, rebuild_error
+from tuner.fork_server import ForkedProcess, ForkServer
 from tuner.pt2_archive import WEIGHTS_ONLY_ENV
 from tuner.settings import Settings
 
@@ -83,10 +84,9 @@ class ModelSandbox:
     def __init__(self, settings: Settings, *, warm_processes: int | None = None) -> None:
         self.limits = SandboxLimits.from_settings(settings)
         self._slots = threading.BoundedSemaphore(settings.import_concurrency)
-        self._warm = settings.import_warm_processes if warm_processes is None else warm_processes
-        self._spares: list[_Child] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        warm = settings.import_warm_processes if warm_processes is None else warm_processes
+        if warm:
+            threading.Thread(target=_start_fork_server, name="kiln-importer-start", daemon=True).start()
 
     def run(self, op: str, args: dict[str, Any], cancelled: Callable[[], bool] | None = None) -> Any:
         """Run ``op`` (see :mod:`tuner.sandbox_child`) on ``args`` in a child; its result, or its typed error.
@@ -99,7 +99,7 @@ class ModelSandbox:
             if gave_up():
                 raise Cancelled("the request was abandoned while waiting for an importer")
         try:
-            child = self._take()
+            child = _Child.start()
             try:
                 child = self._send(child, op, args)
                 return self._drive(child, gave_up)
@@ -109,12 +109,7 @@ class ModelSandbox:
             self._slots.release()
 
     def close(self) -> None:
-        """Stop the warm children; later requests still work (they start their own)."""
-        with self._lock:
-            self._closed = True
-            spares, self._spares = self._spares, []
-        for child in spares:
-            child.kill()
+        """Nothing to release: children end with their requests, the fork server with this process."""
 
     def __enter__(self) -> ModelSandbox:
         return self
@@ -124,23 +119,8 @@ class ModelSandbox:
 
     # ---- children ----------------------------------------------------------------------------------
 
-    def _take(self) -> _Child:
-        """A started child (a warm one if any is alive), and warm ones started for the next requests."""
-        with self._lock:
-            child = None
-            while self._spares and child is None:
-                candidate = self._spares.pop(0)
-                if candidate.alive():
-                    child = candidate
-                else:
-                    candidate.kill()
-            if not self._closed:
-                while len(self._spares) < self._warm:
-                    self._spares.append(_Child.start())
-        return child or _Child.start()
-
     def _send(self, child: _Child, op: str, args: dict[str, Any]) -> _Child:
-        """Give ``child`` the request; the child that has it (a fresh one if a warm one died meanwhile)."""
+        """Give ``child`` the request; the child that has it (a fresh one if it died meanwhile)."""
         limits = {"memory_mb": self.limits.memory_mb, "cpu_s": self.limits.cpu_s}
         request = json.dumps({"op": op, "args": args, "limits": limits})
         try:
@@ -189,31 +169,32 @@ class ModelSandbox:
 
 
 class _Child:
-    """One importer process: started with TVM loading, then given exactly one request."""
+    """One importer process, forked from the fork server with TVM loaded, given exactly one request."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], stderr: IO[bytes]) -> None:
+    def __init__(self, proc: ForkedProcess, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
         self.proc = proc
+        self._stdin = stdin
+        self._stdout = stdout
         self._stderr = stderr
         self.cpu_s = 0.0  # CPU time the request has used, as last seen (the limit counts from the request)
         self._cpu_at_request: float | None = None
 
     @classmethod
     def start(cls) -> _Child:
-        env = {**os.environ, WEIGHTS_ONLY_ENV: "1"}
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - kept for the life of the child, closed by kill()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.sandbox_child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=env,
-            start_new_session=True,  # its own group: killing it stops anything it started
-            close_fds=True,
-        )
-        return cls(proc, stderr)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            proc = _fork_server().spawn(stdin_r, stdout_w, stderr.fileno())
+        except BaseException:
+            for fd in (stdin_w, stdout_r):
+                os.close(fd)
+            stderr.close()
+            raise
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+        return cls(proc, os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"), stderr)
 
     def _cpu_total(self) -> float | None:
         try:
@@ -223,16 +204,14 @@ class _Child:
         return float(times.user + times.system)
 
     def send(self, request: str) -> None:
-        assert self.proc.stdin is not None
         self._cpu_at_request = self._cpu_total()
         # stdin stays open: it is the child's lifeline (EOF ends it), closed by kill().
-        self.proc.stdin.write(request.encode() + b"\n")
-        self.proc.stdin.flush()
+        self._stdin.write(request.encode() + b"\n")
+        self._stdin.flush()
 
     def read_result(self, deadline: float, gave_up: Callable[[], bool]) -> bytes | None:
         """Everything the child writes to stdout until it closes it; None at the deadline or on give-up."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
+        fd = self._stdout.fileno()
         chunks: list[bytes] = []
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
@@ -251,11 +230,12 @@ class _Child:
                 chunks.append(chunk)
 
     def wait(self) -> int:
-        try:
-            return self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        """Its exit code (negative: the signal that ended it); killed if it has not ended within 10 s."""
+        status = self.proc.wait(timeout=10)
+        if status is None:
             self.kill()
-            return self.proc.returncode
+            status = self.proc.returncode
+        return -signal.SIGKILL if status is None else status
 
     def stderr_tail(self) -> str:
         with contextlib.suppress(OSError, ValueError):
@@ -268,14 +248,36 @@ class _Child:
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self._stdin, self._stdout):
             with contextlib.suppress(OSError):
-                if stream is not None:
-                    stream.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+                stream.close()
+        self.proc.wait(timeout=10)
+        self.proc.close()
         with contextlib.suppress(OSError):
             self._stderr.close()
+
+
+_FORK_SERVER_START_S = 300.0
+_fork_server_lock = threading.Lock()
+_fork_server_instance: ForkServer | None = None
+
+
+def _fork_server() -> ForkServer:
+    """This process's fork server of importer children (started by its first request)."""
+    global _fork_server_instance
+    with _fork_server_lock:
+        if _fork_server_instance is None:
+            env = {**os.environ, WEIGHTS_ONLY_ENV: "1"}
+            _fork_server_instance = ForkServer("tuner.sandbox_child", env, _FORK_SERVER_START_S)
+            atexit.register(_fork_server_instance.close)
+        return _fork_server_instance
+
+
+def _start_fork_server() -> None:
+    try:
+        _fork_server().start()
+    except ImporterCrashed as exc:  # the first request will try again and report it
+        log.warning("%s", exc)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
-"""The child side of :mod:`tuner.sandbox`: ``python -m tuner.sandbox_child``.
+"""The child side of :mod:`tuner.sandbox`, forked by ``python -m tuner.sandbox_child --fork-server FD``.
 
-It loads TVM and Kiln's importers, then waits for one JSON request line on stdin, applies the request's
-limits to itself, runs it, writes one JSON reply (``{"ok": ...}`` or ``{"error": {"kind", "message"}}``)
+The fork server loads TVM and Kiln's importers once; each child it forks waits for one JSON request line
+on stdin, applies the request's limits to itself, runs it, writes one JSON reply (``{"ok": ...}`` or ``{"error": {"kind", "message"}}``)
 to stdout and exits. Whatever the importers print goes to stderr. The child also exits as soon as its
 stdin closes: that is how it follows its parent, even one killed with SIGKILL.
 """
@@ -162,8 +162,8 @@ def _reply(request: dict[str, Any]) -> dict[str, Any]:
         }
 
 
-def main() -> None:
-    """Serve one request (see the module docstring)."""
+def serve_one() -> None:
+    """Serve one request (see the module docstring); TVM is loaded already."""
     global _result_fd
     _result_fd = os.dup(1)
     os.dup2(2, 1)  # the importers' prints must not mix with the reply
@@ -171,9 +171,7 @@ def main() -> None:
     signal.signal(signal.SIGXCPU, _on_cpu_limit)
 
     from tuner.fatal_signals import report_fatal_signals
-    from tuner.frontend import warm_up
 
-    warm_up()
     report_fatal_signals(sys.stderr)
     line = sys.stdin.buffer.readline()
     if not line.strip():
@@ -183,6 +181,17 @@ def main() -> None:
     _apply_limits(request["limits"])
     _write_reply(_reply(request))
     os._exit(0)
+
+
+def main() -> None:
+    """``--fork-server FD``: load TVM once and fork a child per request (:mod:`tuner.fork_server`)."""
+    from tuner.fork_server import serve
+    from tuner.frontend import warm_up
+
+    if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m tuner.sandbox_child --fork-server FD")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(int(sys.argv[2]), warm_up, serve_one)
 
 
 if __name__ == "__main__":

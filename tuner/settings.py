@@ -115,7 +115,10 @@ class Settings(BaseSettings):
         default=2, ge=1, description="Model imports and previews run at once; more wait for a slot"
     )
     import_warm_processes: int = Field(
-        default=1, ge=0, le=8, description="Importer processes kept started (TVM loaded) for the next upload"
+        default=1,
+        ge=0,
+        le=8,
+        description="> 0: start the importers' fork server (TVM loaded) with the service, not at the first upload",
     )
     max_unpacked_mb: int = Field(
         default=4096, ge=1, description="Largest total uncompressed size of a .pt2 archive's members, in MiB"

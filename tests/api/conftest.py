@@ -31,8 +31,8 @@ def api_settings(tmp_path: Path) -> Settings:
         embedded_workers=0,
         heartbeat_s=0.5,
         num_trials_per_iter=8,
-        # Most tests upload once: a warm importer started for a next upload would only cost CPU here
-        # (the real server's tests keep the default).
+        # The importers' fork server starts at the first upload and serves the whole test session
+        # (the real server's tests keep the default, started with the service).
         import_warm_processes=0,
     )
 
