@@ -180,3 +180,8 @@ from tvm.s_tir.meta_schedule.builder.local_builder import (  # noqa: E402
     _worker_func as build_worker_func,
 )
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind  # noqa: E402
+
+from kiln_tvm import popen_workers  # noqa: E402
+
+# Builder and runner workers fork from one process that loaded TVM, not fresh interpreters.
+popen_workers.install()

@@ -12,7 +12,7 @@ chain), or crash the process. :class:`ModelSandbox` runs each such request (``in
 
 and at most ``KILN_IMPORT_CONCURRENCY`` of them at once. A child serves one request and exits, so no
 state (TVM's global ``BlockBuilder`` stack, fragmented memory) passes from one model to the next. The
-children are forked from one process per Kiln process that has loaded TVM once (:mod:`tuner.fork_server`),
+children are forked from one process per Kiln process that has loaded TVM once (:mod:`kiln_tvm.fork_server`),
 so that a request does not pay the 5-10 s of loading TVM and PyTorch; ``KILN_IMPORT_WARM_PROCESSES``
 (> 0) starts that process with the service rather than at the first upload.
 """
@@ -35,8 +35,8 @@ from typing import IO, Any
 
 import psutil
 
+from kiln_tvm.fork_server import ForkedProcess, ForkServer, ForkServerUnavailable
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, ModelTooLarge, rebuild_error
-from tuner.fork_server import ForkedProcess, ForkServer
 from tuner.pt2_archive import WEIGHTS_ONLY_ENV
 from tuner.settings import Settings
 
@@ -185,7 +185,12 @@ class _Child:
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         try:
-            proc = _fork_server().spawn(stdin_r, stdout_w, stderr.fileno())
+            proc = _fork_server().spawn([stdin_r, stdout_w, stderr.fileno()])
+        except ForkServerUnavailable as exc:
+            for fd in (stdin_w, stdout_r):
+                os.close(fd)
+            stderr.close()
+            raise ImporterCrashed(f"the importer process could not be started ({exc})") from exc
         except BaseException:
             for fd in (stdin_w, stdout_r):
                 os.close(fd)
@@ -259,24 +264,26 @@ class _Child:
 
 _FORK_SERVER_START_S = 300.0
 _fork_server_lock = threading.Lock()
-_fork_server_instance: ForkServer | None = None
+_fork_server_instance: tuple[int, ForkServer] | None = None
 
 
 def _fork_server() -> ForkServer:
     """This process's fork server of importer children (started by its first request)."""
     global _fork_server_instance
     with _fork_server_lock:
-        if _fork_server_instance is None:
+        # A forked process must not share its parent's (its socket is the parent's conversation).
+        if _fork_server_instance is None or _fork_server_instance[0] != os.getpid():
             env = {**os.environ, WEIGHTS_ONLY_ENV: "1"}
-            _fork_server_instance = ForkServer("tuner.sandbox_child", env, _FORK_SERVER_START_S)
-            atexit.register(_fork_server_instance.close)
-        return _fork_server_instance
+            server = ForkServer("tuner.sandbox_child", env, _FORK_SERVER_START_S)
+            atexit.register(server.close)
+            _fork_server_instance = (os.getpid(), server)
+        return _fork_server_instance[1]
 
 
 def _start_fork_server() -> None:
     try:
         _fork_server().start()
-    except ImporterCrashed as exc:  # the first request will try again and report it
+    except ForkServerUnavailable as exc:  # the first request will try again and report it
         log.warning("%s", exc)
 
 

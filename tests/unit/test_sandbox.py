@@ -41,7 +41,7 @@ def _fork_servers() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and "--fork-server" in " ".join(child.cmdline()):
+            if child.status() != psutil.STATUS_ZOMBIE and "tuner.sandbox_child" in " ".join(child.cmdline()):
                 found.append(child)
         except psutil.Error:
             pass

@@ -1,20 +1,24 @@
 """A fork server: one interpreter that has loaded TVM once, forking a fresh process for every request.
 
-Loading TVM, its importers and PyTorch takes 5-10 s of CPU per interpreter; a sandboxed request that
-paid it every time spent far more on the import than on a typical model. The server process (started
-with ``python -m tuner.sandbox_child --fork-server FD``) loads everything, then waits on a Unix socket.
-For each request the parent sends the new process's stdin, stdout and stderr and a status pipe
-(``SCM_RIGHTS``); the server forks, the child starts a session of its own (so ``killpg`` reaches all
-it starts), takes the three descriptors as 0, 1 and 2 and runs the request; the server replies with the
-child's pid and, when it reaps the child, writes its exit code (negative: the signal) to the status pipe.
+Loading TVM and PyTorch takes 5-10 s of CPU per interpreter: a sandboxed import of a small model, or a
+builder or runner worker of a tuning job, spent far more on that than on its work. The server process
+(``python -m MODULE --fork-server FD``, whose ``main`` calls :func:`serve`) loads everything, then waits
+on a Unix socket. For each request the parent sends the descriptors the new process gets as 0, 1, 2, ...
+(stdin, stdout, stderr, then any others), a status pipe (``SCM_RIGHTS``) and the environment; the server
+forks, the child takes them (and, for a server started with ``new_session``, a session of its own, so
+that ``killpg`` reaches all it starts) and runs ``child_main``; the server replies with the child's pid
+and, when it reaps it, writes its exit code (negative: the signal) to the status pipe.
 
-The server itself never handles a model, so nothing passes from one request to the next, as with fresh
-interpreters. It exits when its socket closes, i.e. when the parent is gone.
+The server itself runs nothing but the preload, so nothing passes from one request to the next, as with
+fresh interpreters; it starts no threads before forking. It exits when its socket closes, i.e. when its
+parent is gone. Standard library only: the TVM gate and the sandbox both use it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import selectors
 import signal
@@ -28,13 +32,15 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from tuner.errors import ImporterCrashed
-
 _READY = b"R"
-_SPAWN = b"S"
+_HEADER = struct.Struct("!I")  # the length of the request's JSON (its environment)
 _PID = struct.Struct("!q")
-#: Descriptors sent with each request: stdin, stdout, stderr, status pipe (write end).
-_FDS_PER_REQUEST = 4
+#: The most descriptors one request may send (the child's, then the status pipe).
+_MAX_FDS = 8
+
+
+class ForkServerUnavailable(OSError):
+    """The fork server could not be started, or died and could not be started again."""
 
 
 class ForkedProcess:
@@ -83,35 +89,43 @@ class ForkedProcess:
 class ForkServer:
     """The parent's side: starts the server process, and asks it for new processes (thread-safe)."""
 
-    def __init__(self, module: str, env: dict[str, str], start_timeout_s: float) -> None:
+    def __init__(
+        self, module: str, env: dict[str, str], start_timeout_s: float, *, new_session: bool = True
+    ) -> None:
+        """``new_session``: the server (and the processes it forks) in a session of its own; else in
+        this process's group, so that killing the group kills them too."""
         self._module = module
         self._env = env
         self._start_timeout_s = start_timeout_s
+        self._new_session = new_session
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._stderr: IO[bytes] | None = None
 
-    def spawn(self, stdin: int, stdout: int, stderr: int) -> ForkedProcess:
-        """A new process on these three descriptors (the caller closes its copies); starts the server
-        first if it is not running. Raises :class:`ImporterCrashed` if the server cannot be started."""
+    def spawn(self, fds: list[int], env: dict[str, str] | None = None) -> ForkedProcess:
+        """A new process with ``fds`` as its descriptors 0, 1, 2, ... (the caller closes its copies) and
+        ``env`` as its environment (default: the server's); starts the server first if it is not
+        running. Raises :class:`ForkServerUnavailable` if it cannot be started."""
+        payload = json.dumps({"env": env}).encode()
         with self._lock:
             for attempt in range(2):
                 sock = self._running_socket()
                 status_r, status_w = os.pipe()
                 try:
-                    socket.send_fds(sock, [_SPAWN], [stdin, stdout, stderr, status_w])
+                    socket.send_fds(sock, [_HEADER.pack(len(payload))], [*fds, status_w])
+                    sock.sendall(payload)
                     reply = _recv_exactly(sock, _PID.size)
                 except OSError:
                     reply = b""
                 finally:
                     os.close(status_w)
-                if len(reply) == _PID.size:
+                if len(reply) == _PID.size and _PID.unpack(reply)[0] > 0:
                     return ForkedProcess(_PID.unpack(reply)[0], status_r)
                 os.close(status_r)
                 self._stop()  # it died between requests (killed, out of memory): start another once
                 if attempt:
-                    raise ImporterCrashed("the importer process could not be started") from None
+                    raise ForkServerUnavailable(f"the {self._module} fork server stopped answering")
         raise AssertionError("unreachable")
 
     def start(self) -> None:
@@ -138,8 +152,12 @@ class ForkServer:
                 stderr=self._stderr,
                 env=self._env,
                 pass_fds=(theirs.fileno(),),
-                start_new_session=True,
+                start_new_session=self._new_session,
             )
+        except OSError as exc:
+            raise ForkServerUnavailable(
+                f"the {self._module} fork server could not be started: {exc}"
+            ) from exc
         finally:
             theirs.close()
         self._sock = ours
@@ -151,7 +169,7 @@ class ForkServer:
         if ready != _READY:
             tail = self._stderr_tail()
             self._stop()
-            raise ImporterCrashed(f"the importer process could not be started: {tail[-400:]}")
+            raise ForkServerUnavailable(f"the {self._module} fork server could not be started: {tail[-400:]}")
         ours.settimeout(None)
         return ours
 
@@ -189,10 +207,13 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def serve(sock_fd: int, preload: Callable[[], None], child_main: Callable[[], None]) -> None:
+def serve(
+    sock_fd: int, preload: Callable[[], None], child_main: Callable[[], None], *, new_session: bool = True
+) -> None:
     """The server's side: ``preload()``, then fork a process running ``child_main()`` per request.
 
-    ``child_main`` must end the process (``os._exit``); it runs with the request's descriptors as 0-2.
+    ``child_main`` must end the process (``os._exit``); it runs with the request's descriptors as 0, 1, 2,
+    ... and the request's environment. ``new_session``: each child in a session of its own.
     """
     preload()
     sock = socket.socket(fileno=sock_fd)
@@ -211,16 +232,21 @@ def serve(sock_fd: int, preload: Callable[[], None], child_main: Callable[[], No
                 os.read(wake_r, 4096)
                 continue
             try:
-                message, fds, _flags, _addr = socket.recv_fds(sock, 16, _FDS_PER_REQUEST)
+                header, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+                payload = (
+                    _recv_exactly(sock, _HEADER.unpack(header)[0]) if len(header) == _HEADER.size else b""
+                )
             except OSError:
-                message, fds = b"", []
-            if not message:
+                header, fds = b"", []
+            if not header:
                 os._exit(0)  # the parent is gone
-            if len(fds) != _FDS_PER_REQUEST:
+            if len(fds) < 2 or not payload:
                 for fd in fds:
                     os.close(fd)
                 sock.sendall(_PID.pack(-1))
                 continue
+            env = json.loads(payload)["env"]
+            *child_fds, status_w = fds
             pid = os.fork()
             if pid == 0:
                 # The child: drop the server's descriptors (their Python objects first, so that none
@@ -229,19 +255,32 @@ def serve(sock_fd: int, preload: Callable[[], None], child_main: Callable[[], No
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 sock.close()
-                for fd in (wake_r, wake_w, fds[3], *status_fds.values()):
+                for fd in (wake_r, wake_w, status_w, *status_fds.values()):
                     os.close(fd)
-                os.setsid()
-                for target, fd in enumerate(fds[:3]):
-                    os.dup2(fd, target)
-                    os.close(fd)
+                if new_session:
+                    os.setsid()
+                _take_descriptors(child_fds)
+                if env is not None:
+                    os.environ.clear()
+                    os.environ.update(env)
                 child_main()
                 os._exit(0)
-            for fd in fds[:3]:
+            for fd in child_fds:
                 os.close(fd)
-            status_fds[pid] = fds[3]
+            status_fds[pid] = status_w
             sock.sendall(_PID.pack(pid))
         _reap(status_fds)
+
+
+def _take_descriptors(fds: list[int]) -> None:
+    """Make ``fds`` this process's descriptors 0, 1, 2, ..."""
+    # First above the range, so that no dup2 below overwrites one not yet moved.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, len(fds)) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
+        os.close(fd)
 
 
 def _reap(status_fds: dict[int, int]) -> None:
@@ -260,4 +299,4 @@ def _reap(status_fds: dict[int, int]) -> None:
             os.close(fd)
 
 
-__all__ = ["ForkServer", "ForkedProcess", "serve"]
+__all__ = ["ForkServer", "ForkServerUnavailable", "ForkedProcess", "serve"]
