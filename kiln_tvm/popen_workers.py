@@ -3,7 +3,7 @@
 Stock ``PopenWorker`` starts ``python -m tvm.exec.popen_worker``, a fresh interpreter that loads TVM and
 PyTorch (5-10 s of CPU) before building or measuring its first candidate; a tuning job starts three or
 more of them (builders, a runner, their replacements after a timeout). :func:`install` makes every
-``PopenWorker`` in this process fork from one fork server (:mod:`kiln_tvm.fork_server`) that loaded them
+``PopenWorker`` in this process fork from one fork server (:mod:`forkserver`) that loaded them
 once. The server stays in this process's group, so killing a job's group still stops its workers; each
 worker gets the environment of this process at its start, as a ``Popen`` child does. If the fork server
 cannot be started, workers start as TVM starts them.
@@ -12,16 +12,14 @@ cannot be started, workers start as TVM starts them.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
 from typing import Any
 
-from kiln_tvm.fork_server import ForkedProcess, ForkServer, ForkServerUnavailable
+from forkserver import ForkServer, ForkServerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -29,32 +27,6 @@ _START_S = 300.0
 _lock = threading.Lock()
 _server: tuple[int, ForkServer] | None = None
 _unavailable = False
-
-
-class _ForkedPopen:
-    """The part of ``subprocess.Popen`` that ``PopenWorker`` uses, for a forked worker."""
-
-    def __init__(self, proc: ForkedProcess) -> None:
-        self._proc = proc
-        self.pid = proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.returncode
-
-    def poll(self) -> int | None:
-        return self._proc.poll()
-
-    def wait(self, timeout: float | None = None) -> int:
-        status = self._proc.wait(timeout if timeout is not None else 1e9)
-        if status is None:
-            raise subprocess.TimeoutExpired("popen worker", timeout or 0.0)
-        self._proc.close()
-        return status
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
 
 
 def _fork_server() -> ForkServer | None:
@@ -114,7 +86,7 @@ def _start(self: Any, _stock: Any = None) -> None:
     if proc is None:
         _stock(self)
         return
-    self._proc = _ForkedPopen(proc)
+    self._proc = proc
     self._reader = os.fdopen(main_read, "rb")
     self._writer = os.fdopen(main_write, "wb")
 
@@ -153,7 +125,7 @@ def _worker_main() -> None:
 
 def main() -> None:
     """``python -m kiln_tvm.popen_workers --fork-server FD``."""
-    from kiln_tvm.fork_server import serve
+    from forkserver import serve
 
     if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
         sys.exit("usage: python -m kiln_tvm.popen_workers --fork-server FD")

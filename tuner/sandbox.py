@@ -12,7 +12,7 @@ chain), or crash the process. :class:`ModelSandbox` runs each such request (``in
 
 and at most ``KILN_IMPORT_CONCURRENCY`` of them at once. A child serves one request and exits, so no
 state (TVM's global ``BlockBuilder`` stack, fragmented memory) passes from one model to the next. The
-children are forked from one process per Kiln process that has loaded TVM once (:mod:`kiln_tvm.fork_server`),
+children are forked from one process per Kiln process that has loaded TVM once (:mod:`forkserver`),
 so that a request does not pay the 5-10 s of loading TVM and PyTorch; ``KILN_IMPORT_WARM_PROCESSES``
 (> 0) starts that process with the service rather than at the first upload.
 """
@@ -26,6 +26,7 @@ import logging
 import os
 import selectors
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -35,7 +36,7 @@ from typing import IO, Any
 
 import psutil
 
-from kiln_tvm.fork_server import ForkedProcess, ForkServer, ForkServerUnavailable
+from forkserver import ForkedProcess, ForkServer, ForkServerUnavailable
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, ModelTooLarge, rebuild_error
 from tuner.pt2_archive import WEIGHTS_ONLY_ENV
 from tuner.settings import Settings
@@ -236,11 +237,11 @@ class _Child:
 
     def wait(self) -> int:
         """Its exit code (negative: the signal that ended it); killed if it has not ended within 10 s."""
-        status = self.proc.wait(timeout=10)
-        if status is None:
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             self.kill()
-            status = self.proc.returncode
-        return -signal.SIGKILL if status is None else status
+            return self.proc.returncode if self.proc.returncode is not None else -signal.SIGKILL
 
     def stderr_tail(self) -> str:
         with contextlib.suppress(OSError, ValueError):
@@ -256,8 +257,8 @@ class _Child:
         for stream in (self._stdin, self._stdout):
             with contextlib.suppress(OSError):
                 stream.close()
-        self.proc.wait(timeout=10)
-        self.proc.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
         with contextlib.suppress(OSError):
             self._stderr.close()
 

@@ -184,8 +184,8 @@ def serve_one() -> None:
 
 
 def main() -> None:
-    """``--fork-server FD``: load TVM once and fork a child per request (:mod:`kiln_tvm.fork_server`)."""
-    from kiln_tvm.fork_server import serve
+    """``--fork-server FD``: load TVM once and fork a child per request (:mod:`forkserver`)."""
+    from forkserver import serve
     from tuner.frontend import warm_up
 
     if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:

@@ -8,8 +8,10 @@ then requeues its job, which resumes from the records already in the database.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forkserver import ForkedProcess, ForkServer
 from tuner.entities import Job, JobStatus
 from tuner.errors import Conflict, KilnError
 from tuner.settings import Settings
@@ -114,16 +117,10 @@ class Worker:
         return self.store.get_job(job.id)
 
     def _supervise(self, job: Job) -> None:
-        # A fresh interpreter (not fork: the parent may be a threaded web server, and TVM is not
-        # fork-safe), in its own session so that killing its group also stops its builders and runners.
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tuner.worker", job.id, self.name],
-            stdin=subprocess.PIPE,
-            start_new_session=True,
-        )
-        assert child.stdin is not None
-        child.stdin.write(self.settings.model_dump_json().encode())
-        child.stdin.close()
+        # Forked from the job fork server (not from this process: it may be a threaded web server, and
+        # TVM is not fork-safe once it has run anything), in its own session so that killing its group
+        # also stops its builders and runners.
+        child = _start_tuning_process(job.id, self.name, self.settings)
         self.child_pid = child.pid
         outcome = "exited"
         cancel_deadline: float | None = None
@@ -223,7 +220,7 @@ def stop_on_signals(stop: Callable[[], None]) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def _kill_process_group(child: subprocess.Popen[bytes]) -> None:
+def _kill_process_group(child: ForkedProcess) -> None:
     """Kill a tuning process and everything it started (builders, runners)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
@@ -262,16 +259,51 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _child_main(job_id: str, worker: str, settings_json: str) -> None:
-    """Entry point of a job's tuning process (``python -m tuner.worker JOB WORKER``, settings on stdin)."""
-    _die_with_parent()
+def _start_tuning_process(job_id: str, worker: str, settings: Settings) -> ForkedProcess:
+    """A job's tuning process, forked from this process's job fork server; the job is sent on stdin."""
+    stdin_r, stdin_w = os.pipe()
+    try:
+        child = _job_fork_server().spawn([stdin_r, 1, 2], dict(os.environ))
+    finally:
+        os.close(stdin_r)
+    with os.fdopen(stdin_w, "wb") as stdin:
+        request = {"job_id": job_id, "worker": worker, "settings": settings.model_dump_json()}
+        stdin.write(json.dumps(request).encode())
+    return child
+
+
+_JOB_SERVER_START_S = 300.0
+_job_server_lock = threading.Lock()
+_job_server: tuple[int, ForkServer] | None = None
+
+
+def _job_fork_server() -> ForkServer:
+    global _job_server
+    with _job_server_lock:
+        if _job_server is None or _job_server[0] != os.getpid():
+            server = ForkServer("tuner.worker", dict(os.environ), _JOB_SERVER_START_S)
+            atexit.register(server.close)
+            _job_server = (os.getpid(), server)
+        return _job_server[1]
+
+
+def _preload() -> None:
+    import tuner.fatal_signals  # noqa: F401
+    import tuner.job  # noqa: F401 - TVM, the importers, the tuner: loaded once, before any fork
+
+
+def _child_main() -> None:
+    """A job's tuning process (forked by the job fork server; the job and settings on stdin)."""
+    request = json.loads(sys.stdin.read())
+    job_id, worker = request["job_id"], request["worker"]
+    _die_with_parent()  # the fork server, which exits with the worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the worker, which decides
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from tuner.fatal_signals import report_fatal_signals
-    from tuner.job import execute_job  # imports TVM: only in the tuning process
+    from tuner.job import execute_job
 
-    settings = Settings.model_validate_json(settings_json)
+    settings = Settings.model_validate_json(request["settings"])
     crash_report = crash_report_path(settings, job_id)
     crash_report.parent.mkdir(parents=True, exist_ok=True)
     report_fatal_signals(crash_report.open("a"))  # open for the life of the process
@@ -283,7 +315,18 @@ def _child_main(job_id: str, worker: str, settings_json: str) -> None:
         log.info("job %s ended: %s", job_id, exc.message)  # already recorded on the job
     finally:
         store.dispose()
+    os._exit(0)
+
+
+def main() -> None:
+    """``python -m tuner.worker --fork-server FD``: the job fork server."""
+    from forkserver import serve
+
+    if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m tuner.worker --fork-server FD")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(int(sys.argv[2]), _preload, _child_main)
 
 
 if __name__ == "__main__":
-    _child_main(sys.argv[1], sys.argv[2], sys.stdin.read())
+    main()

@@ -11,7 +11,8 @@ and, when it reaps it, writes its exit code (negative: the signal) to the status
 
 The server itself runs nothing but the preload, so nothing passes from one request to the next, as with
 fresh interpreters; it starts no threads before forking. It exits when its socket closes, i.e. when its
-parent is gone. Standard library only: the TVM gate and the sandbox both use it.
+parent is gone. Standard library only (importing it loads no TVM): the TVM gate, the sandbox and the
+workers use it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class ForkServerUnavailable(OSError):
 
 
 class ForkedProcess:
-    """A process forked by the server: its pid (also its process group) and how it ended."""
+    """A process forked by the server, with the part of ``subprocess.Popen``'s interface that Kiln and
+    TVM's pools use: its pid (also its process group, in a new session), ``poll``, ``wait``, ``kill``."""
 
     def __init__(self, pid: int, status_fd: int) -> None:
         self.pid = pid
@@ -60,17 +62,28 @@ class ForkedProcess:
                     self._read_status()
         return self.returncode
 
-    def wait(self, timeout: float) -> int | None:
-        """Its exit code, waiting up to ``timeout`` seconds; None if it is still running."""
-        deadline = time.monotonic() + timeout
-        while self.poll() is None and self._status_fd >= 0:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code; raises ``subprocess.TimeoutExpired`` if it runs past ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise subprocess.TimeoutExpired(f"process {self.pid}", timeout or 0.0)
             with selectors.DefaultSelector() as selector:
                 selector.register(self._status_fd, selectors.EVENT_READ)
                 selector.select(timeout=remaining)
         return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL it (not its group)."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def __del__(self) -> None:
+        if self._status_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._status_fd)
 
     def _read_status(self) -> None:
         data = os.read(self._status_fd, 64)
@@ -78,12 +91,6 @@ class ForkedProcess:
         self._status_fd = -1
         # An empty status: the server died before reaping it (its process group was killed with it).
         self.returncode = int(data) if data else -signal.SIGKILL
-
-    def close(self) -> None:
-        """Forget the process (it must have ended or been killed)."""
-        if self._status_fd >= 0:
-            os.close(self._status_fd)
-            self._status_fd = -1
 
 
 class ForkServer:
