@@ -17,6 +17,7 @@ workers use it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -204,6 +205,33 @@ class ForkServer:
             self._stderr = None
 
 
+_shared_lock = threading.Lock()
+_shared: dict[str, tuple[int, ForkServer]] = {}
+
+
+def shared_fork_server(
+    module: str,
+    *,
+    extra_env: dict[str, str] | None = None,
+    start_timeout_s: float = 300.0,
+    new_session: bool = True,
+) -> ForkServer:
+    """This process's fork server running ``module`` (made on first use; stopped at exit).
+
+    The server is started, with this process's environment and ``extra_env``, by its first ``spawn``
+    (or ``start``). A process forked from this one gets its own: the socket is its parent's conversation.
+    """
+    with _shared_lock:
+        found = _shared.get(module)
+        if found is None or found[0] != os.getpid():
+            server = ForkServer(
+                module, {**os.environ, **(extra_env or {})}, start_timeout_s, new_session=new_session
+            )
+            atexit.register(server.close)
+            _shared[module] = found = (os.getpid(), server)
+        return found[1]
+
+
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
@@ -306,4 +334,4 @@ def _reap(status_fds: dict[int, int]) -> None:
             os.close(fd)
 
 
-__all__ = ["ForkServer", "ForkServerUnavailable", "ForkedProcess", "serve"]
+__all__ = ["ForkServer", "ForkServerUnavailable", "ForkedProcess", "serve", "shared_fork_server"]

@@ -11,7 +11,6 @@ cannot be started, workers start as TVM starts them.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import subprocess
@@ -19,27 +18,17 @@ import sys
 import threading
 from typing import Any
 
-from forkserver import ForkServer, ForkServerUnavailable
+from forkserver import ForkServer, ForkServerUnavailable, shared_fork_server
 
 log = logging.getLogger(__name__)
 
-_START_S = 300.0
 _lock = threading.Lock()
-_server: tuple[int, ForkServer] | None = None
 _unavailable = False
 
 
 def _fork_server() -> ForkServer | None:
-    global _server, _unavailable
     with _lock:
-        if _unavailable:
-            return None
-        # A forked process must not share its parent's server (its socket is the parent's).
-        if _server is None or _server[0] != os.getpid():
-            server = ForkServer("kiln_tvm.popen_workers", dict(os.environ), _START_S, new_session=False)
-            atexit.register(server.close)
-            _server = (os.getpid(), server)
-        return _server[1]
+        return None if _unavailable else shared_fork_server("kiln_tvm.popen_workers", new_session=False)
 
 
 def _std_fd(stream: Any, default: int) -> tuple[int, bool]:

@@ -19,7 +19,6 @@ so that a request does not pay the 5-10 s of loading TVM and PyTorch; ``KILN_IMP
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -36,7 +35,7 @@ from typing import IO, Any
 
 import psutil
 
-from forkserver import ForkedProcess, ForkServer, ForkServerUnavailable
+from forkserver import ForkedProcess, ForkServer, ForkServerUnavailable, shared_fork_server
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, ModelTooLarge, rebuild_error
 from tuner.pt2_archive import WEIGHTS_ONLY_ENV
 from tuner.settings import Settings
@@ -263,22 +262,9 @@ class _Child:
             self._stderr.close()
 
 
-_FORK_SERVER_START_S = 300.0
-_fork_server_lock = threading.Lock()
-_fork_server_instance: tuple[int, ForkServer] | None = None
-
-
 def _fork_server() -> ForkServer:
-    """This process's fork server of importer children (started by its first request)."""
-    global _fork_server_instance
-    with _fork_server_lock:
-        # A forked process must not share its parent's (its socket is the parent's conversation).
-        if _fork_server_instance is None or _fork_server_instance[0] != os.getpid():
-            env = {**os.environ, WEIGHTS_ONLY_ENV: "1"}
-            server = ForkServer("tuner.sandbox_child", env, _FORK_SERVER_START_S)
-            atexit.register(server.close)
-            _fork_server_instance = (os.getpid(), server)
-        return _fork_server_instance[1]
+    """This process's fork server of importer children."""
+    return shared_fork_server("tuner.sandbox_child", extra_env={WEIGHTS_ONLY_ENV: "1"})
 
 
 def _start_fork_server() -> None:

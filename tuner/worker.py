@@ -8,7 +8,6 @@ then requeues its job, which resumes from the records already in the database.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import json
@@ -24,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from forkserver import ForkedProcess, ForkServer
+from forkserver import ForkedProcess, shared_fork_server
 from tuner.entities import Job, JobStatus
 from tuner.errors import Conflict, KilnError
 from tuner.settings import Settings
@@ -263,28 +262,13 @@ def _start_tuning_process(job_id: str, worker: str, settings: Settings) -> Forke
     """A job's tuning process, forked from this process's job fork server; the job is sent on stdin."""
     stdin_r, stdin_w = os.pipe()
     try:
-        child = _job_fork_server().spawn([stdin_r, 1, 2], dict(os.environ))
+        child = shared_fork_server("tuner.worker").spawn([stdin_r, 1, 2], dict(os.environ))
     finally:
         os.close(stdin_r)
     with os.fdopen(stdin_w, "wb") as stdin:
         request = {"job_id": job_id, "worker": worker, "settings": settings.model_dump_json()}
         stdin.write(json.dumps(request).encode())
     return child
-
-
-_JOB_SERVER_START_S = 300.0
-_job_server_lock = threading.Lock()
-_job_server: tuple[int, ForkServer] | None = None
-
-
-def _job_fork_server() -> ForkServer:
-    global _job_server
-    with _job_server_lock:
-        if _job_server is None or _job_server[0] != os.getpid():
-            server = ForkServer("tuner.worker", dict(os.environ), _JOB_SERVER_START_S)
-            atexit.register(server.close)
-            _job_server = (os.getpid(), server)
-        return _job_server[1]
 
 
 def _preload() -> None:
