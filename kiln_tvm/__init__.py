@@ -51,8 +51,12 @@ METASCHEDULE_LOGGER = ms.__name__
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
 
 
-def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86", "arm_cpu"), amx: bool = False) -> None:
+def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86",), amx: bool = False) -> None:
     """Register only the CPU tensor intrinsics instead of importing all of ``tvm.s_tir.tensor_intrin``.
+
+    Only x86's by default: no schedule rule of Kiln's tensorizes with another CPU's, and ``arm_cpu``'s
+    module takes 5-12 s to parse (its ``T.prim_func`` decorators walk the stack of a process that has
+    imported PyTorch).
 
     Installs a package stub under the real name, so later ``import tvm.s_tir.tensor_intrin`` (inside
     ``TuneContext`` or a builder) is a no-op. The VNNI dot product is replaced by one that builds

@@ -2,11 +2,10 @@
 
 Thread pools of different runtimes (TVM, onnxruntime, XGBoost in the tuning process) keep spinning for
 a while after a call and slow each other down on a machine with few cores, so every figure Kiln reports
-is measured by this module run as a child process::
-
-    python -m tuner.measure KIND PATH INPUTS_NPZ [BUDGET_S]
-
-KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an ONNX
+is measured in a child process of its own, forked from ``python -m tuner.measure --fork-server FD``
+(which has imported TVM and onnxruntime and run nothing: no runtime's threads exist before the fork, and
+a child does not pay the seconds of loading them). A child reads ``[KIND, PATH, INPUTS_NPZ, BUDGET_S]``
+as JSON on stdin. KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an ONNX
 file). Both are timed the same way: a ``perf_counter`` loop around the call, after warm-up, median of up
 to ``MAX_CALLS`` calls within ``BUDGET_S`` seconds (at least ``MIN_CALLS``). It prints one JSON line.
 
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from forkserver import shared_fork_server
 from tuner.entities import LatencyReport, Timing
 
 MAX_CALLS = 200
@@ -82,15 +82,26 @@ def _child(kind: str, path: str, inputs_npz: str, budget_s: str = str(BUDGET_S))
 
 
 def _time_in_child(kind: str, path: Path, npz: Path, timeout_s: float, budget_s: float) -> float:
-    done = subprocess.run(
-        [sys.executable, "-m", "tuner.measure", kind, str(path), str(npz), str(budget_s)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"timing {kind} {path.name} failed: {done.stderr.strip()[-2000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["median_ms"])
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        stdin_r, stdin_w = os.pipe()
+        try:
+            child = shared_fork_server("tuner.measure").spawn([stdin_r, out.fileno(), err.fileno()])
+        finally:
+            os.close(stdin_r)
+        with os.fdopen(stdin_w, "w") as stdin:
+            stdin.write(json.dumps([kind, str(path), str(npz), str(budget_s)]))
+        try:
+            returncode = child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise RuntimeError(f"timing {kind} {path.name} took longer than {timeout_s:g} s") from None
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if returncode != 0:
+        raise RuntimeError(f"timing {kind} {path.name} failed: {stderr.strip()[-2000:]}")
+    return float(json.loads(stdout.strip().splitlines()[-1])["median_ms"])
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:
@@ -189,5 +200,32 @@ def _own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _preload() -> None:
+    import onnxruntime  # noqa: F401
+
+    import tuner.compile  # noqa: F401 - TVM and Kiln's loader
+    from kiln_tvm import tvm  # noqa: F401
+
+
+def _forked_child() -> None:
+    try:
+        _child(*json.loads(sys.stdin.read()))
+    except BaseException as exc:  # noqa: BLE001 - reported on stderr with a failing exit code
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main() -> None:
+    """``python -m tuner.measure --fork-server FD``: the fork server of timing children."""
+    from forkserver import serve
+
+    if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m tuner.measure --fork-server FD")
+    serve(int(sys.argv[2]), _preload, _forked_child)
+
+
 if __name__ == "__main__":
-    _child(*sys.argv[1:5])
+    main()
