@@ -307,6 +307,15 @@ def serve(
         _reap(status_fds)
 
 
+def serve_main(
+    module: str, preload: Callable[[], None], child_main: Callable[[], None], *, new_session: bool = True
+) -> None:
+    """:func:`serve` as ``python -m MODULE --fork-server FD`` (what :class:`ForkServer` starts)."""
+    if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
+        sys.exit(f"usage: python -m {module} --fork-server FD")
+    serve(int(sys.argv[2]), preload, child_main, new_session=new_session)
+
+
 def _take_descriptors(fds: list[int]) -> None:
     """Make ``fds`` this process's descriptors 0, 1, 2, ..."""
     # First above the range, so that no dup2 below overwrites one not yet moved.
@@ -334,4 +343,11 @@ def _reap(status_fds: dict[int, int]) -> None:
             os.close(fd)
 
 
-__all__ = ["ForkServer", "ForkServerUnavailable", "ForkedProcess", "serve", "shared_fork_server"]
+__all__ = [
+    "ForkServer",
+    "ForkServerUnavailable",
+    "ForkedProcess",
+    "serve",
+    "serve_main",
+    "shared_fork_server",
+]

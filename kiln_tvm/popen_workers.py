@@ -114,11 +114,9 @@ def _worker_main() -> None:
 
 def main() -> None:
     """``python -m kiln_tvm.popen_workers --fork-server FD``."""
-    from forkserver import serve
+    from forkserver import serve_main
 
-    if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
-        sys.exit("usage: python -m kiln_tvm.popen_workers --fork-server FD")
-    serve(int(sys.argv[2]), _preload, _worker_main, new_session=False)
+    serve_main("kiln_tvm.popen_workers", _preload, _worker_main, new_session=False)
 
 
 if __name__ == "__main__":

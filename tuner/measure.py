@@ -220,11 +220,9 @@ def _forked_child() -> None:
 
 def main() -> None:
     """``python -m tuner.measure --fork-server FD``: the fork server of timing children."""
-    from forkserver import serve
+    from forkserver import serve_main
 
-    if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
-        sys.exit("usage: python -m tuner.measure --fork-server FD")
-    serve(int(sys.argv[2]), _preload, _forked_child)
+    serve_main("tuner.measure", _preload, _forked_child)
 
 
 if __name__ == "__main__":

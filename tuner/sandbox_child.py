@@ -185,13 +185,11 @@ def serve_one() -> None:
 
 def main() -> None:
     """``--fork-server FD``: load TVM once and fork a child per request (:mod:`forkserver`)."""
-    from forkserver import serve
+    from forkserver import serve_main
     from tuner.frontend import warm_up
 
-    if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
-        sys.exit("usage: python -m tuner.sandbox_child --fork-server FD")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(int(sys.argv[2]), warm_up, serve_one)
+    serve_main("tuner.sandbox_child", warm_up, serve_one)
 
 
 if __name__ == "__main__":

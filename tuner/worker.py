@@ -304,12 +304,10 @@ def _child_main() -> None:
 
 def main() -> None:
     """``python -m tuner.worker --fork-server FD``: the job fork server."""
-    from forkserver import serve
+    from forkserver import serve_main
 
-    if sys.argv[1:2] != ["--fork-server"] or len(sys.argv) != 3:
-        sys.exit("usage: python -m tuner.worker --fork-server FD")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(int(sys.argv[2]), _preload, _child_main)
+    serve_main("tuner.worker", _preload, _child_main)
 
 
 if __name__ == "__main__":
