@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # The trial limit of a search bounded by time only (MetaSchedule needs a number; C++ int).
 UNLIMITED_TRIALS = 2**31 - 1
+# The most of a time budget's remainder the seeds may take (generating them is pure-Python modelling,
+# seconds per convolution on a slow machine): the search gets the rest.
+SEED_TIME_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -192,8 +196,9 @@ def tune_tasks(
     ``tasks`` are MetaSchedule ``ExtractedTask``s in the order the caller indexes them; ``on_batch``
     receives that index. The search ends when the trials are spent, when ``should_stop()`` says so
     (checked before each batch), or before a batch that would not fit in ``time_left_s()`` seconds.
-    A seeded space (``cpu-poly``) first measures each task's seed schedules, in one batch after the
-    default schedules; they are trials of their tasks and the search's first population draws on them.
+    A seeded space (``cpu-poly``) first measures each task's seed schedules, a batch per task after the
+    default schedules, within :data:`SEED_TIME_SHARE` of the time left; they are trials of their tasks
+    and the search's first population draws on them.
     Returns where the time went and what the space's hooks did.
     """
     if budget.trials == 0 or not tasks:
@@ -259,6 +264,7 @@ def tune_tasks(
             if space.seeded and config.space_options.seeds > 0:
                 with ms.Profiler.timeit("Kiln/PolyhedralSeeds"):
                     limit = None if budget.trials is None else budget.trials - spent
+                    seeds_stop = _seed_phase_stop(should_stop, time_left_s)
                     seeded = _measure_seeds(
                         tasks,
                         contexts,
@@ -271,6 +277,7 @@ def tune_tasks(
                         on_batch,
                         limit,
                         warm,
+                        seeds_stop,
                     )
                 for index, count in seeded.items():
                     stats[index].seeds = count
@@ -327,29 +334,45 @@ def _measure_seeds(
     on_batch: BatchListener | None,
     limit: int | None,
     warm: set[int],
+    stop: StopCheck,
 ) -> dict[int, int]:
-    """Measure and store each task's seed schedules (one batch for all tasks); returns how many each got.
+    """Measure and store each task's seed schedules (a batch per task); returns how many each got.
 
     Within a trial ``limit``, each task gets at most half of its share of it, so that a small budget still
-    measures every task and leaves the search its turn. The ``warm`` tasks get none.
+    measures every task and leaves the search its turn. The ``warm`` tasks get none. No task is seeded
+    once ``stop()`` says so (checked before each task's seeds are generated).
     """
     machine = MachineModel(fp32_lanes(target), cores, config.space_options.caches)
     per_task = config.space_options.seeds
     if limit is not None:
         per_task = min(per_task, max(1, limit // (2 * len(tasks))))
-    candidates = []
+    counts: dict[int, int] = {}
     for index, context in enumerate(contexts):
         if index in warm:
             continue
-        for sch in seed_schedules(context, machine, per_task):
-            if limit is not None and len(candidates) >= limit:
-                break
-            candidates.append((index, tasks[index].dispatched[0], sch))
-    measure_schedules(candidates, tasks, target, database, builder, runner, on_batch, "seed")
-    counts: dict[int, int] = {}
-    for index, _, _ in candidates:
-        counts[index] = counts.get(index, 0) + 1
+        if stop():
+            log.info("seeds: stopped before task %d of %d (cancelled or out of time)", index, len(tasks))
+            break
+        left = None if limit is None else limit - sum(counts.values())
+        if left is not None and left <= 0:
+            break
+        schedules = seed_schedules(context, machine, per_task if left is None else min(per_task, left))
+        candidates = [(index, tasks[index].dispatched[0], sch) for sch in schedules]
+        measure_schedules(candidates, tasks, target, database, builder, runner, on_batch, "seed")
+        if candidates:
+            counts[index] = len(candidates)
     return counts
+
+
+def _seed_phase_stop(should_stop: StopCheck | None, time_left_s: TimeLeft | None) -> StopCheck:
+    """When the seeds must stop: when the job is told to, or once they have had their share of the time."""
+    left = None if time_left_s is None else time_left_s()
+    end = None if left is None else time.monotonic() + SEED_TIME_SHARE * max(0.0, left)
+
+    def stop() -> bool:
+        return (should_stop is not None and should_stop()) or (end is not None and time.monotonic() >= end)
+
+    return stop
 
 
 def _profile(profiler: Any) -> dict[str, float]:

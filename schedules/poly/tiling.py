@@ -116,6 +116,27 @@ class MachineModel:
     memory_bandwidth: float = 8.0
 
 
+class TileFootprints:
+    """One statement's tile footprints (:mod:`schedules.poly.footprint`), each tile shape computed once."""
+
+    def __init__(self, statement: Statement) -> None:
+        self.statement = statement
+        self._elements: dict[tuple[int, ...], dict[str, int]] = {}
+        self._bytes: dict[tuple[int, ...], int] = {}
+
+    def elements(self, tile: tuple[int, ...]) -> dict[str, int]:
+        """Distinct elements per tensor of one tile (do not modify the answer: it is shared)."""
+        if tile not in self._elements:
+            self._elements[tile] = tile_footprint(self.statement, tile)
+        return self._elements[tile]
+
+    def total_bytes(self, tile: tuple[int, ...]) -> int:
+        """Bytes of all tensors one tile touches."""
+        if tile not in self._bytes:
+            self._bytes[tile] = sum(tile_footprint_bytes(self.statement, tile).values())
+        return self._bytes[tile]
+
+
 def modelled_cycles(statement: Statement, tiling: Tiling, machine: MachineModel) -> float:
     """A roofline-style estimate of the tiling's cycles per thread: the larger of its vector FMA cycles
     (inefficient when the vector loop's innermost factor wastes lanes, too few accumulators hide the
@@ -125,9 +146,18 @@ def modelled_cycles(statement: Statement, tiling: Tiling, machine: MachineModel)
     return modelled_costs(statement, tiling, machine)[0]
 
 
-def modelled_costs(statement: Statement, tiling: Tiling, machine: MachineModel) -> tuple[float, float]:
+def modelled_costs(
+    statement: Statement,
+    tiling: Tiling,
+    machine: MachineModel,
+    footprints: TileFootprints | None = None,
+) -> tuple[float, float]:
     """:func:`modelled_cycles`, and the cycles of all levels' data movement added up: the ranking's
-    tie-break between tilings the roofline finds equally compute-bound (less traffic, more slack)."""
+    tie-break between tilings the roofline finds equally compute-bound (less traffic, more slack).
+
+    ``footprints``: the statement's footprints, kept by a caller that models many tilings (random tilings
+    share most of their tiles, and the footprints are most of the model's cost)."""
+    footprints = footprints if footprints is not None else TileFootprints(statement)
     loops = statement.loops
     iterations = math.prod(loop.extent for loop in loops)
     inner = [f[-1] for f in tiling.factors]
@@ -142,24 +172,27 @@ def modelled_costs(statement: Statement, tiling: Tiling, machine: MachineModel) 
     if accumulators > registers:
         chain_efficiency *= registers / accumulators
     compute = iterations / machine.lanes / (lane_efficiency * chain_efficiency)
-    compute *= _register_tile_overhead(statement, inner, vector, machine.lanes, accumulators)
+    compute *= _register_tile_overhead(footprints, inner, vector, machine.lanes, accumulators)
     # Data movement: each cache level is filled by the outermost cut that fits in it, once per tile.
     names = cut_names(tiling.structure)
     memory = traffic = 0.0
     bandwidths = list(machine.level_bandwidth)
     levels = list(machine.caches.levels)
+    cuts: list[tuple[tuple[int, ...], int]] = []  # (tile, bytes) below each position, outermost first
+
+    def cut(position: int) -> tuple[tuple[int, ...], int]:
+        while len(cuts) <= position:
+            tile = tile_below(statement, tiling, len(cuts))
+            cuts.append((tile, footprints.total_bytes(tile)))
+        return cuts[position]
+
     for index, level in enumerate(levels):
         fitting = None
         for position in range(len(names)):
-            tile = tile_below(statement, tiling, position)
-            footprint = sum(tile_footprint_bytes(statement, tile).values())
-            if footprint <= level.bytes:
-                fitting = (tile, footprint)
+            if cut(position)[1] <= level.bytes:
+                fitting = cut(position)
                 break
-        if fitting is None:
-            tile = tile_below(statement, tiling, len(names) - 1)
-            fitting = (tile, sum(tile_footprint_bytes(statement, tile).values()))
-        tile, footprint = fitting
+        tile, footprint = fitting if fitting is not None else cut(len(names) - 1)
         tiles = iterations / math.prod(tile)
         bandwidth = bandwidths[index] if index < len(bandwidths) else machine.memory_bandwidth
         memory = max(memory, tiles * footprint / bandwidth)
@@ -179,19 +212,20 @@ def inner_shape(tiling: Tiling) -> tuple[int, ...]:
 
 
 def _register_tile_overhead(
-    statement: Statement, inner: Sequence[int], vector: int, lanes: int, accumulators: int
+    footprints: TileFootprints, inner: Sequence[int], vector: int, lanes: int, accumulators: int
 ) -> float:
     """How much slower than its FMAs the register tile (the innermost factors) runs: per reduction step
     it loads each input's part of the tile (whole vectors where the input moves with the vector loop,
     one broadcast per element elsewhere; loads and vector FMAs issue at the same rate on the x86 cores
     seen), and after each chunk of inner reduction steps its accumulators are stored and reloaded.
     1.0 for a tile whose FMAs hide its loads over a long chunk."""
+    statement = footprints.statement
     loops = statement.loops
     reductions = [i for i, loop in enumerate(loops) if loop.kind is LoopKind.REDUCTION]
     step = tuple(1 if i in reductions else f for i, f in enumerate(inner))
     narrow = tuple(1 if i == vector else f for i, f in enumerate(step))
     written = {a.tensor.name for a in statement.accesses if a.kind is AccessKind.WRITE}
-    wide, scalar = tile_footprint(statement, step), tile_footprint(statement, narrow)
+    wide, scalar = footprints.elements(step), footprints.elements(narrow)
     loads = 0.0
     for name, elements in wide.items():
         if name not in written:
@@ -224,6 +258,7 @@ def rank_tilings(
     rng = random.Random(seed)
     parts = {"S": structure.count("S"), "R": structure.count("R")}
     scored: dict[Tiling, tuple[float, float]] = {}
+    footprints = TileFootprints(statement)
     for _ in range(samples):
         factors = tuple(
             _random_perfect_tile(rng, loop.extent, parts[_kind_char(loop.kind)], max_innermost)
@@ -231,7 +266,7 @@ def rank_tilings(
         )
         tiling = Tiling(structure, factors)
         if tiling not in scored:
-            scored[tiling] = modelled_costs(statement, tiling, machine)
+            scored[tiling] = modelled_costs(statement, tiling, machine, footprints)
     ranked = sorted(scored, key=scored.__getitem__)
     if not diverse:
         return ranked[:count]

@@ -1,11 +1,13 @@
-"""Budget arithmetic of the tuner: validation and the size of search rounds."""
+"""Budget arithmetic of the tuner: validation, the size of search rounds, and the seeds' share of the time."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from tuner.errors import InvalidSpec
-from tuner.tune import Budget, gflops, trials_per_iter
+from tuner.tune import Budget, _seed_phase_stop, gflops, trials_per_iter
 
 
 def test_budget_rejects_negative_trials_and_zero_per_task_cap() -> None:
@@ -48,3 +50,15 @@ def test_gflops() -> None:
     assert gflops(2e9, 1e6) == pytest.approx(2.0)
     assert gflops(1e6, None) is None
     assert gflops(0.0, 5.0) is None
+
+
+def test_the_seeds_stop_when_cancelled_or_past_their_share_of_the_time_left() -> None:
+    assert not _seed_phase_stop(None, None)()  # no time budget, not cancelled: all tasks get seeds
+    assert not _seed_phase_stop(None, lambda: None)()
+    assert not _seed_phase_stop(lambda: False, lambda: 3600.0)()
+    assert _seed_phase_stop(lambda: True, lambda: 3600.0)()  # cancelled
+    assert _seed_phase_stop(None, lambda: 0.0)()  # the budget is spent
+    assert _seed_phase_stop(None, lambda: -5.0)()
+    stop = _seed_phase_stop(None, lambda: 0.2)  # half of 0.2 s: over in 0.1 s
+    time.sleep(0.15)
+    assert stop()
