@@ -61,15 +61,16 @@ def fusion_line(fusion: FusionSummary) -> str:
             f"{len(fusion.kept_float)} kept in float"
         )
         line += "".join(f"\n  float: {k.op} {k.shapes}: {k.reason}" for k in fusion.kept_float)
-    if fusion.integer_kernels in ("vnni", "amx"):
+    if fusion.integer_kernels in ("vnni", "avx-vnni", "amx"):
+        form = "vpdpbusd ymm, AVX-VNNI" if fusion.integer_kernels == "avx-vnni" else "vpdpbusd"
         line += (
-            f"\n  on VNNI (vpdpbusd, packed weights): {len(fusion.vnni_packed)} of {len(fusion.integer_ops)}"
+            f"\n  on VNNI ({form}, packed weights): {len(fusion.vnni_packed)} of {len(fusion.integer_ops)}"
         )
         if fusion.integer_kernels == "amx":
             line += f", of which on AMX tiles (tdpbusd): {len(fusion.amx_matmuls)} matmuls"
         line += "".join(f"\n  plain integer kernel: {why}" for why in fusion.vnni_unpacked)
     elif fusion.integer_kernels == "plain":
-        line += "\n  integer kernels: plain tiled loops (this CPU has no AVX512-VNNI)"
+        line += "\n  integer kernels: plain tiled loops (this CPU has no VNNI)"
     if fusion.reduced_ops:
         line += (
             f"\nprecision {fusion.precision}: {len(fusion.reduced_ops)} matmuls/convolutions on "

@@ -1,9 +1,14 @@
-"""x86's VNNI dot product (``vpdpbusd``) as a tensor intrinsic that builds with the LLVM inside TVM 0.27.
+"""x86's VNNI dot product (``vpdpbusd``) as tensor intrinsics that build with the LLVM inside TVM 0.27.
 
 TVM registers ``dot_16x4_vnni`` with ``int32x16`` operands for ``llvm.x86.avx512.vpdpbusd.512``; the LLVM
 the 0.27 wheel bundles declares that intrinsic over ``<64 x i8>`` vectors, so every tensorized candidate
 fails to build (TVM_NOTES.md). The implementation here passes the same bytes as ``uint8x64``/``int8x64``;
 the description (16 output lanes, 4 products each: ``C[i] += A[k] * B[i, k]``, u8 x s8 -> s32) is TVM's.
+
+CPUs with AVX-VNNI but no AVX-512 (Intel since Alder Lake; the VEX-encoded ``vpdpbusd ymm``) get
+:data:`AVXVNNI_INTRINSIC`, the same product over 8 output lanes on 256-bit vectors, which TVM does not
+have: LLVM's ``llvm.x86.avx512.vpdpbusd.256`` selects the VEX encoding on a target with ``avxvnni`` and
+without AVX512-VL.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from tvm.script import tirx as T
 VNNI_INTRINSIC = "dot_16x4_vnni"
 #: Output lanes and products per lane of one instruction (the packed weight's inner block: 16 x 4 bytes).
 VNNI_LANES, VNNI_DEPTH = 16, 4
+#: The 256-bit product (AVX-VNNI): 8 output lanes of 4 products (a 32-byte weight block).
+AVXVNNI_INTRINSIC = "dot_8x4_avxvnni"
+AVXVNNI_LANES = 8
 
 
 @T.prim_func(s_tir=True)
@@ -36,15 +44,57 @@ def _vnni_16x4_impl(
         )
 
 
+@T.prim_func(s_tir=True)
+def _dot_8x4_desc(
+    A: T.Buffer((4,), "uint8", offset_factor=1),
+    B: T.Buffer((8, 4), "int8", offset_factor=1),
+    C: T.Buffer((8,), "int32", offset_factor=1),
+) -> None:
+    with T.sblock("root"):
+        T.reads(C[0:8], A[0:4], B[0:8, 0:4])
+        T.writes(C[0:8])
+        for i in T.serial(0, 8):
+            for k in T.serial(0, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+
+@T.prim_func(s_tir=True)
+def _avxvnni_8x4_impl(
+    A: T.Buffer((4,), "uint8", offset_factor=1),
+    B: T.Buffer((8, 4), "int8", offset_factor=1),
+    C: T.Buffer((8,), "int32", offset_factor=1),
+) -> None:
+    with T.sblock("root"):
+        T.reads(C[0:8], A[0:4], B[0:8, 0:4])
+        T.writes(C[0:8])
+        a_word = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+        C[T.ramp(T.int32(0), 1, 8)] = T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.256"),
+            C.vload([0], dtype="int32x8"),
+            T.reinterpret(T.broadcast(a_word, 8), dtype="uint8x32"),
+            B.vload([0, 0], dtype="int8x32"),
+            dtype="int32x8",
+        )
+
+
+def vnni_intrinsic(lanes: int) -> str:
+    """The registered intrinsic for a VNNI product of ``lanes`` output lanes (16: AVX512-VNNI, 8: AVX-VNNI)."""
+    return {VNNI_LANES: VNNI_INTRINSIC, AVXVNNI_LANES: AVXVNNI_INTRINSIC}[lanes]
+
+
 _registered = False
 
 
 def register_vnni_intrinsic() -> None:
-    """(Re-)register :data:`VNNI_INTRINSIC` with the implementation above, once per process."""
+    """(Re-)register :data:`VNNI_INTRINSIC` with the implementation above, and register
+    :data:`AVXVNNI_INTRINSIC`, once per process."""
     global _registered
     if _registered:
         return
     from tvm.s_tir.tensor_intrin.x86 import dot_product_16x4_u8i8i32_desc
 
     TensorIntrin.register(VNNI_INTRINSIC, dot_product_16x4_u8i8i32_desc, _vnni_16x4_impl, override=True)
+    TensorIntrin.register(AVXVNNI_INTRINSIC, _dot_8x4_desc, _avxvnni_8x4_impl, override=True)
     _registered = True

@@ -16,7 +16,7 @@ from kiln_tvm import Target, ms
 from schedules.amx import AmxTiling, amx_kinds
 from schedules.poly.caches import UNKNOWN, CacheHierarchy
 from schedules.poly.search import FootprintPruner, PruningStats
-from schedules.vnni import VnniTiling, cpu_tiling_args, has_vnni
+from schedules.vnni import VnniTiling, cpu_tiling_args, has_vnni, vnni_lanes
 
 SpaceFactory = Callable[[Target, "SpaceOptions", PruningStats], Any]
 
@@ -85,7 +85,8 @@ def check_space(name: str, target_kind: str) -> None:
 def _cpu_rules(target: Target) -> list[Any]:
     # On VNNI CPUs, the integer kernels packed for it are tensorized first (schedules.vnni); on AMX ones,
     # the packed matmuls AMX serves go on tiles before that (schedules.amx).
-    vnni = [VnniTiling()] if has_vnni(target) else []
+    lanes = vnni_lanes(target)
+    vnni = [VnniTiling(lanes)] if lanes is not None else []
     kinds = tuple(kind.name for kind in amx_kinds(target))
     amx = [AmxTiling(kinds)] if kinds else []
     return [

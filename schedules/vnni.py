@@ -2,7 +2,7 @@
 
 Kiln's graph pass :mod:`tuner.quant.vnni` gives each integer matmul and convolution it can serve a kernel
 over weights packed ``[N/16, K/4, 16, 4]`` (16 output channels by 4 reduction elements: the 64 bytes one
-``vpdpbusd`` reads) and marks that kernel's block with :data:`VNNI_BLOCK`. MetaSchedule's
+``vpdpbusd zmm`` reads; 8 by 4 for the ``ymm`` form on AVX-VNNI CPUs without AVX-512) and marks that kernel's block with :data:`VNNI_BLOCK`. MetaSchedule's
 ``MultiLevelTilingWithIntrin`` would also tensorize an unpacked integer block, which builds and computes
 wrong numbers (TVM_NOTES.md), so the rule here applies it to marked blocks alone; the others get the plain
 multi-level tiling that follows it in the space.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln_tvm import Target, derived_object, ms, register_cpu_tensor_intrinsics, s_tir, tvm
-from kiln_tvm.x86_vnni import VNNI_INTRINSIC
+from kiln_tvm.x86_vnni import AVXVNNI_LANES, VNNI_LANES, vnni_intrinsic
 
 #: Block annotation of a kernel whose weight is packed for the VNNI intrinsic.
 VNNI_BLOCK = "kiln.vnni_packed"
@@ -23,13 +23,23 @@ BF16_BLOCK = "kiln.amx_bf16_packed"
 PACKED_BLOCKS = (VNNI_BLOCK, BF16_BLOCK)
 
 
-def has_vnni(target: Target) -> bool:
-    """Whether ``target``'s CPU has 512-bit VNNI (``vpdpbusd zmm``: AVX512-VNNI on Intel since Cascade
-    Lake, AMD since Zen 4). AVX-VNNI alone (256-bit) is not used: its intrinsic is not registered."""
+def vnni_lanes(target: Target) -> int | None:
+    """The output lanes of ``target``'s widest VNNI product: 16 with AVX512-VNNI (``vpdpbusd zmm``: Intel
+    since Cascade Lake, AMD since Zen 4), 8 with AVX-VNNI alone (``vpdpbusd ymm``, VEX-encoded: Intel
+    since Alder Lake), None without VNNI."""
     if target.kind.name != "llvm":
-        return False
+        return None
     features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
-    return {"avx512vnni", "avx512f"} <= features
+    if {"avx512vnni", "avx512f"} <= features:
+        return VNNI_LANES
+    if "avxvnni" in features:
+        return AVXVNNI_LANES
+    return None
+
+
+def has_vnni(target: Target) -> bool:
+    """Whether ``target``'s CPU has a VNNI dot product Kiln tensorizes with (:func:`vnni_lanes`)."""
+    return vnni_lanes(target) is not None
 
 
 def is_vnni_block(sch: s_tir.Schedule, block: Any) -> bool:
@@ -84,12 +94,14 @@ def cpu_tiling_args() -> dict[str, Any]:
 
 @derived_object
 class VnniTiling(ms.schedule_rule.PyScheduleRule):
-    """MetaSchedule's multi-level tiling around the VNNI intrinsic, for :data:`VNNI_BLOCK` blocks only."""
+    """MetaSchedule's multi-level tiling around the VNNI intrinsic of ``lanes`` output lanes, for
+    :data:`VNNI_BLOCK` blocks only."""
 
-    def __init__(self) -> None:
+    def __init__(self, lanes: int = VNNI_LANES) -> None:
         super().__init__()
         register_cpu_tensor_intrinsics()  # the rule looks its intrinsic up when it is made
-        self.inner = ms.schedule_rule.MultiLevelTilingWithIntrin(VNNI_INTRINSIC, **cpu_tiling_args())
+        self.lanes = lanes
+        self.inner = ms.schedule_rule.MultiLevelTilingWithIntrin(vnni_intrinsic(lanes), **cpu_tiling_args())
 
     def _initialize_with_tune_context(self, context: Any) -> None:
         self.inner._initialize_with_tune_context(context)
@@ -104,4 +116,4 @@ class VnniTiling(ms.schedule_rule.PyScheduleRule):
         return tiled
 
     def clone(self) -> VnniTiling:
-        return VnniTiling()
+        return VnniTiling(self.lanes)

@@ -104,7 +104,8 @@ class FusionOut(EntityOut):
         default="",
         description="How the integer kernels compute: 'amx' (as 'vnni', and the packed matmuls that are whole "
         "16x32x64 blocks on AMX tiles), 'vnni' (weights packed for the vpdpbusd dot product "
-        "where they fit), 'plain' (tiled integer loops: the CPU has no AVX512-VNNI), '' without any",
+        "where they fit), 'avx-vnni' (the same, 8 channels wide for the 256-bit vpdpbusd of AVX-VNNI CPUs "
+        "without AVX-512), 'plain' (tiled integer loops: the CPU has no VNNI), '' without any",
     )
     vnni_packed: list[str] = Field(default_factory=list, description="Integer operators on VNNI kernels")
     amx_matmuls: list[str] = Field(

@@ -8,8 +8,9 @@ from typing import Any
 
 from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
 from kiln_tvm.x86_amx import INT8
+from kiln_tvm.x86_vnni import VNNI_LANES
 from schedules.amx import fits_amx_tiles, has_amx_bf16, has_amx_int8
-from schedules.vnni import has_vnni
+from schedules.vnni import vnni_lanes
 from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
 from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, TaskInfo
@@ -60,8 +61,8 @@ def inference_passes(
     preceding convolution's epilogue; constant folding and common-subexpression elimination shrink the
     graph before fusion.
 
-    With a ``vnni_report`` (CPUs with AVX512-VNNI), the integer matmuls and NHWC convolutions whose
-    weights fit are then put on kernels over weights packed for ``vpdpbusd`` (:mod:`tuner.quant.vnni`).
+    With a ``vnni_report`` (CPUs with VNNI; its lanes: 16 or 8), the integer matmuls and NHWC convolutions
+    whose weights fit are then put on kernels over weights packed for ``vpdpbusd`` (:mod:`tuner.quant.vnni`).
     With a ``bf16_report`` (the bf16 policy on CPUs with AMX-BF16), the bf16 matmuls that are whole AMX
     blocks go on kernels over weights packed for ``tdpbf16ps`` (:mod:`tuner.bf16_amx`).
 
@@ -155,7 +156,8 @@ def plan_graph(
     prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
     quant = QuantReport()
-    vnni = VnniReport() if cpu and has_vnni(target) else None
+    lanes = vnni_lanes(target) if cpu else None
+    vnni = VnniReport(lanes=lanes) if lanes is not None else None
     reduced = PrecisionReport()
     bf16 = Bf16AmxReport() if cpu and precision == "bf16" and has_amx_bf16(target) else None
     prepared = inference_passes(
@@ -206,7 +208,9 @@ def _integer_kernels(quant: QuantReport, vnni: VnniReport | None, amx: list[str]
         return ""
     if vnni is None:
         return "plain"
-    return "amx" if amx else "vnni"
+    if amx:
+        return "amx"
+    return "vnni" if vnni.lanes == VNNI_LANES else "avx-vnni"
 
 
 def _is_scheduled(task: Any) -> bool:

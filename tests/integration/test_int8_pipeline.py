@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from schedules.amx import has_amx_int8
-from schedules.vnni import has_vnni
+from schedules.vnni import vnni_lanes
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.models import build_mlp
@@ -52,16 +52,18 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     tuned = best_schedule(sqlite_store, result.job, conv).tir
     params = re.search(r"def main\((.*)\):", tuned).group(1)  # type: ignore[union-attr]
     assert re.match(r'\w+: T\.Buffer\(\(.*?\), "uint8"\)', params), params  # the activations
-    if has_vnni(to_tvm_target(host_target())):
-        assert result.fusion.integer_kernels == "vnni"
+    lanes = vnni_lanes(to_tvm_target(host_target()))
+    if lanes is not None:  # 16 with AVX512-VNNI, 8 with AVX-VNNI alone
+        assert result.fusion.integer_kernels == ("vnni" if lanes == 16 else "avx-vnni")
         assert [p.split(" ")[0] for p in result.fusion.vnni_packed] == ["conv2d"]
         assert result.fusion.vnni_unpacked == [
-            "matmul 1x2304 @ 2304x10: 10 output columns (a multiple of 16 is packed)"
+            f"matmul 1x2304 @ 2304x10: 10 output columns (a multiple of {lanes} is packed)"
         ]
         assert "vnni_conv2d" in conv.name and "vpdpbusd" in tuned, tuned
-        # The weight packed [O/16, KH, KW, C/4, 16, 4], and the requantization fused into the kernel.
+        # The weight packed [O/L, KH, KW, C/4, L, 4], and the requantization fused into the kernel.
         plain = re.sub(r"T\.int64\((\d+)\)", r"\1", params)
-        assert re.search(r'param_0: T\.Buffer\(\(1, 3, 3, 2, 16, 4\), "int8"\)', plain), plain
+        packed = rf'param_0: T\.Buffer\(\({16 // lanes}, 3, 3, 2, {lanes}, 4\), "int8"\)'
+        assert re.search(packed, plain), plain
         assert re.search(r'T\.Buffer\(\(1, 12, 12, 16\), "int8"\)$', plain), plain
     else:
         assert result.fusion.integer_kernels == "plain" and result.fusion.vnni_packed == []

@@ -3,11 +3,13 @@ operators do, tensorized only where Kiln packed them, and ``vpdpbusd`` in the co
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from kiln_tvm import relax, tvm
-from schedules.vnni import VNNI_BLOCK, has_vnni
+from schedules.vnni import VNNI_BLOCK, vnni_lanes
 from tests.schedule_candidates import sampled_candidates
 from tuner.quant.vnni import (
     VnniReport,
@@ -23,9 +25,13 @@ te = tvm.te
 HOST = to_tvm_target(host_target())
 #: A VNNI CPU to build for where this machine has none (the code is built, not run).
 VNNI_TARGET = (
-    HOST if has_vnni(HOST) else to_tvm_target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
+    HOST if vnni_lanes(HOST) == 16 else to_tvm_target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
 )
-runs_vnni = pytest.mark.skipif(not has_vnni(HOST), reason="this CPU has no AVX512-VNNI: built, not run")
+runs_vnni = pytest.mark.skipif(vnni_lanes(HOST) != 16, reason="this CPU has no AVX512-VNNI: built, not run")
+#: AVX-VNNI without AVX-512 (an Alder Lake's integer ISA on a Haswell base, so that CPUs with AVX-VNNI run
+#: it): the 256-bit ``vpdpbusd ymm``.
+AVXVNNI_TARGET = to_tvm_target({"kind": "llvm", "mcpu": "haswell", "mattr": ["+avxvnni"], "num-cores": 2})
+HOST_HAS_AVXVNNI = "avxvnni" in {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(HOST)}
 
 
 def _rng() -> np.random.Generator:
@@ -188,3 +194,34 @@ def test_tensorized_candidates_compute_the_integer_operator(kind: str) -> None:
         out = tvm.runtime.tensor(np.zeros(expected.shape, np.int32))
         lib(tvm.runtime.tensor(data), tvm.runtime.tensor(packed), out)
         np.testing.assert_array_equal(out.numpy(), expected, f"candidate {attempt}")
+
+
+def test_avx_vnni_cpus_get_8_lane_kernels_on_vpdpbusd_ymm() -> None:
+    assert vnni_lanes(AVXVNNI_TARGET) == 8 and vnni_lanes(VNNI_TARGET) == 16
+    rng = _rng()
+    weight = rng.integers(-128, 128, (64, 24), dtype=np.int8)  # 24 columns: 3 blocks of 8, not of 16
+    packed = pack_matmul_weight(weight, lanes=8)
+    assert packed.shape == (3, 16, 8, 4) and packed[2, 5, 3, 1] == weight[5 * 4 + 1, 2 * 8 + 3]
+    conv = rng.integers(-128, 128, (8, 3, 3, 4), dtype=np.int8)
+    assert pack_conv_weight(conv, lanes=8).shape == (1, 3, 3, 1, 8, 4)
+
+    report = VnniReport(lanes=8)
+    graph = relax.BlockBuilder()
+    var = relax.Var("x", relax.TensorType((4, 64), "uint8"))
+    with graph.function("main", [var]):
+        graph.emit_func_output(
+            graph.emit(relax.op.matmul(var, relax.const(weight, "int8"), out_dtype="int32"))
+        )
+    kernel = _lowered_kernel(pack_for_vnni(report)(graph.get()))
+    assert report.packed == ["matmul 4x64 @ 64x24"]
+    data = rng.integers(0, 256, (4, 64), dtype=np.uint8)
+    expected = data.astype(np.int32) @ weight.astype(np.int32)
+    for attempt, candidate in enumerate(sampled_candidates(kernel, AVXVNNI_TARGET, 3)):
+        assert "dot_8x4_avxvnni" in str(candidate.trace) or "vpdpbusd" in candidate.mod.script()
+        lib = tvm.compile(candidate.mod, target=AVXVNNI_TARGET)
+        asm = lib.mod.inspect_source("asm")
+        assert re.search(r"vpdpbusd\s+%ymm", asm) and "zmm" not in asm, f"candidate {attempt}"
+        if HOST_HAS_AVXVNNI:  # elsewhere built, not run
+            out = tvm.runtime.tensor(np.zeros(expected.shape, np.int32))
+            lib(tvm.runtime.tensor(data), tvm.runtime.tensor(packed), out)
+            np.testing.assert_array_equal(out.numpy(), expected, f"candidate {attempt}")

@@ -8,7 +8,8 @@ After :mod:`tuner.quant.qdq`, layout conversion and constant folding, a quantize
 with ``W`` a constant. ``vpdpbusd`` multiplies 4 consecutive u8 inputs by a 16 x 4 block of s8 weights
 (64 contiguous bytes: 16 output channels, 4 reduction elements each) into 16 int32 sums. This pass replaces
 each core whose output channels are a multiple of 16 and whose reduction is a multiple of 4 by a TE kernel
-reading the weight packed in that order once, here:
+reading the weight packed in that order once, here (on AVX-VNNI CPUs without AVX-512, 8 channels for
+the 256-bit ``vpdpbusd ymm`` instead of 16):
 
     matmul: Wp[N/16, K/4, 16, 4]          Wp[n // 16, k // 4, n % 16, k % 4] = W[k, n]
     conv2d: Wp[O/16, KH, KW, C/4, 16, 4]  Wp[o // 16, kh, kw, c // 4, o % 16, c % 4] = W[o, kh, kw, c]
@@ -44,15 +45,18 @@ class VnniReport:
     unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: 3 input channels ..."
     #: Each packed matmul's (rows, columns, reduction), by its description in ``packed``.
     matmul_extents: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: Output lanes of the kernels' VNNI product (16: ``vpdpbusd zmm``, AVX512-VNNI; 8: ``ymm``, AVX-VNNI).
+    lanes: int = VNNI_LANES
 
 
 def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
-    """A module pass putting the integer matmuls and NHWC convolutions it can serve on VNNI kernels."""
+    """A module pass putting the integer matmuls and NHWC convolutions it can serve on VNNI kernels of
+    the report's ``lanes``; it records what it did in ``report``."""
     sink = report if report is not None else VnniReport()
 
     @tvm.transform.module_pass(opt_level=0, name="KilnPackForVNNI")
     def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        return relax.transform.DeadCodeElimination()(rewrite_functions(_VnniMutator(mod, sink)))
+        return relax.transform.DeadCodeElimination()(rewrite_functions(_VnniMutator(mod, sink, sink.lanes)))
 
     return rewrite
 
@@ -67,41 +71,43 @@ def keep_packed_layouts(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
-def pack_matmul_weight(weight: np.ndarray, pair: int = VNNI_DEPTH) -> np.ndarray:
-    """``W[K, N]`` -> ``Wp[N/16, K/pair, 16, pair]`` (VNNI and AMX int8: 4; AMX bf16: 2)."""
+def pack_matmul_weight(weight: np.ndarray, pair: int = VNNI_DEPTH, lanes: int = VNNI_LANES) -> np.ndarray:
+    """``W[K, N]`` -> ``Wp[N/lanes, K/pair, lanes, pair]`` (VNNI and AMX int8: pair 4; AMX bf16: 2)."""
     k, n = weight.shape
-    return np.ascontiguousarray(
-        weight.reshape(k // pair, pair, n // VNNI_LANES, VNNI_LANES).transpose(2, 0, 3, 1)
-    )
+    return np.ascontiguousarray(weight.reshape(k // pair, pair, n // lanes, lanes).transpose(2, 0, 3, 1))
 
 
-def pack_conv_weight(weight: np.ndarray) -> np.ndarray:
-    """``W[O, KH, KW, C]`` (OHWI) -> ``Wp[O/16, KH, KW, C/4, 16, 4]``."""
+def pack_conv_weight(weight: np.ndarray, lanes: int = VNNI_LANES) -> np.ndarray:
+    """``W[O, KH, KW, C]`` (OHWI) -> ``Wp[O/lanes, KH, KW, C/4, lanes, 4]``."""
     o, kh, kw, c = weight.shape
-    blocked = weight.reshape(o // VNNI_LANES, VNNI_LANES, kh, kw, c // VNNI_DEPTH, VNNI_DEPTH)
+    blocked = weight.reshape(o // lanes, lanes, kh, kw, c // VNNI_DEPTH, VNNI_DEPTH)
     return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1, 5))
 
 
 def matmul_kernel(x: Any, packed: Any) -> Any:
-    """``out[..., n] = sum_k int32(x[..., k]) * int32(Wp[n // 16, k // 4, n % 16, k % 4])``."""
+    """``out[..., n] = sum_k int32(x[..., k]) * int32(Wp[n // L, k // 4, n % L, k % 4])``, ``L`` the packed
+    weight's lanes (its third dimension)."""
     reduce = te.reduce_axis((0, x.shape[-1]), name="k")
-    channels = packed.shape[0] * VNNI_LANES
+    lanes = int(packed.shape[2])
+    channels = packed.shape[0] * lanes
 
     def body(*index: Any) -> Any:
         *outer, n = index
-        w = packed[n // VNNI_LANES, reduce // VNNI_DEPTH, n % VNNI_LANES, reduce % VNNI_DEPTH]
+        w = packed[n // lanes, reduce // VNNI_DEPTH, n % lanes, reduce % VNNI_DEPTH]
         return te.sum(x[(*outer, reduce)].astype("int32") * w.astype("int32"), axis=reduce)
 
     return te.compute((*x.shape[:-1], channels), body, name="vnni_matmul")
 
 
 def conv2d_kernel(x: Any, packed: Any, strides: tuple[int, int], dilation: tuple[int, int]) -> Any:
-    """NHWC ``out[b, h, w, o] = sum int32(x[b, h*sh + i*dh, w*sw + j*dw, c]) * int32(Wp[o // 16, i, j, c // 4,
-    o % 16, c % 4])`` over the window (``i``, ``j``) and the channels ``c``, of an input padded already:
+    """NHWC ``out[b, h, w, o] = sum int32(x[b, h*sh + i*dh, w*sw + j*dw, c]) * int32(Wp[o // L, i, j, c // 4,
+    o % L, c % 4])`` over the window (``i``, ``j``) and the channels ``c``, ``L`` the packed weight's lanes
+    (its fifth dimension), of an input padded already:
     a padding stage in the kernel would be inlined into the products, which then no longer match the
     intrinsic."""
     batch, height, width, channels = (int(d) for d in x.shape)
     blocks, kh, kw = (int(d) for d in packed.shape[:3])
+    lanes = int(packed.shape[4])
     (sh, sw), (dh, dw) = strides, dilation
     out_h = (height - (kh - 1) * dh - 1) // sh + 1
     out_w = (width - (kw - 1) * dw - 1) // sw + 1
@@ -111,10 +117,10 @@ def conv2d_kernel(x: Any, packed: Any, strides: tuple[int, int], dilation: tuple
 
     def body(b: Any, h: Any, w: Any, o: Any) -> Any:
         value = x[b, h * sh + ri * dh, w * sw + rj * dw, rc].astype("int32")
-        weight = packed[o // VNNI_LANES, ri, rj, rc // VNNI_DEPTH, o % VNNI_LANES, rc % VNNI_DEPTH]
+        weight = packed[o // lanes, ri, rj, rc // VNNI_DEPTH, o % lanes, rc % VNNI_DEPTH]
         return te.sum(value * weight.astype("int32"), axis=[ri, rj, rc])
 
-    return te.compute((batch, out_h, out_w, blocks * VNNI_LANES), body, name="vnni_conv2d")
+    return te.compute((batch, out_h, out_w, blocks * lanes), body, name="vnni_conv2d")
 
 
 def emit_marked_kernel(
@@ -132,9 +138,10 @@ def emit_marked_kernel(
 
 @relax.expr_functor.mutator
 class _VnniMutator(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, report: VnniReport) -> None:
+    def __init__(self, mod: tvm.IRModule, report: VnniReport, lanes: int) -> None:
         super().__init__(mod)
         self.report = report
+        self.lanes = lanes
         self.matmul = tvm.ir.Op.get("relax.matmul")
         self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
 
@@ -158,10 +165,10 @@ class _VnniMutator(relax.PyExprMutator):
     def _matmul(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
         if weight.ndim != 2:
             return self._declined(call, "its weight is not a 2-D constant")
-        why = _block_misfit(weight.shape[1], weight.shape[0], "output columns", "inputs")
+        why = _block_misfit(weight.shape[1], weight.shape[0], "output columns", "inputs", self.lanes)
         if why:
             return self._declined(call, why)
-        packed = relax.const(pack_matmul_weight(weight), "int8")
+        packed = relax.const(pack_matmul_weight(weight, lanes=self.lanes), "int8")
         x_shape = [int(d) for d in call.args[0].ty.shape]
         rows = x_shape[-2] if len(x_shape) > 1 else 1
         self.report.matmul_extents[describe_core(call)] = (rows, int(weight.shape[1]), int(weight.shape[0]))
@@ -174,10 +181,10 @@ class _VnniMutator(relax.PyExprMutator):
             return self._declined(call, f"its layouts are {'/'.join(layouts)} (NHWC/OHWI/NHWC is packed)")
         if int(attrs.groups) != 1:
             return self._declined(call, f"it is grouped ({int(attrs.groups)} groups)")
-        why = _block_misfit(weight.shape[0], weight.shape[3], "output channels", "input channels")
+        why = _block_misfit(weight.shape[0], weight.shape[3], "output channels", "input channels", self.lanes)
         if why:
             return self._declined(call, why)
-        packed = relax.const(pack_conv_weight(weight), "int8")
+        packed = relax.const(pack_conv_weight(weight, self.lanes), "int8")
         strides = tuple(int(s) for s in attrs.strides)
         dilation = tuple(int(d) for d in attrs.dilation)
         top, left, bottom, right = (int(p) for p in attrs.padding)
@@ -208,9 +215,9 @@ def _constant(expr: relax.Expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, _Constant) else None
 
 
-def _block_misfit(lanes: int, depth: int, lanes_name: str, depth_name: str) -> str | None:
-    if lanes % VNNI_LANES:
-        return f"{lanes} {lanes_name} (a multiple of {VNNI_LANES} is packed)"
+def _block_misfit(lanes: int, depth: int, lanes_name: str, depth_name: str, block: int) -> str | None:
+    if lanes % block:
+        return f"{lanes} {lanes_name} (a multiple of {block} is packed)"
     if depth % VNNI_DEPTH:
         return f"{depth} {depth_name} (a multiple of {VNNI_DEPTH} is packed)"
     return None

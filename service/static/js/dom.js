@@ -141,11 +141,12 @@ export function precisionNote(fusion) {
 }
 
 function integerKernelsNote(fusion) {
-  if (fusion.integer_kernels === "plain") return h("p", {}, "Integer kernels: plain tiled loops (this CPU has no AVX512-VNNI).");
-  if (fusion.integer_kernels !== "vnni" && fusion.integer_kernels !== "amx") return null;
+  if (fusion.integer_kernels === "plain") return h("p", {}, "Integer kernels: plain tiled loops (this CPU has no VNNI).");
+  if (!["vnni", "avx-vnni", "amx"].includes(fusion.integer_kernels)) return null;
+  const form = fusion.integer_kernels === "avx-vnni" ? "vpdpbusd ymm, AVX-VNNI" : "vpdpbusd";
   const packed = fusion.vnni_packed || [], unpacked = fusion.vnni_unpacked || [], amx = fusion.amx_matmuls || [];
   return h("div", {},
-    h("p", {}, `On VNNI (vpdpbusd, weights packed at compile time): ${packed.length} of ${(fusion.integer_ops || []).length}`
+    h("p", {}, `On VNNI (${form}, weights packed at compile time): ${packed.length} of ${(fusion.integer_ops || []).length}`
       + (fusion.integer_kernels === "amx" ? `, of which ${amx.length} matmuls on AMX tiles (tdpbusd)` : "")
       + (unpacked.length ? "; on plain integer kernels:" : "")),
     unpacked.length ? h("ul", {}, unpacked.map((why) => h("li", {}, why))) : null);
