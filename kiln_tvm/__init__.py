@@ -60,8 +60,9 @@ def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86",), amx: bool =
 
     Installs a package stub under the real name, so later ``import tvm.s_tir.tensor_intrin`` (inside
     ``TuneContext`` or a builder) is a no-op. The VNNI dot product is replaced by one that builds
-    (:mod:`kiln_tvm.x86_vnni`). With ``amx``, Kiln's AMX intrinsics (:mod:`kiln_tvm.x86_amx`) too: they
-    cost ~4 s of parsing, so only callers replaying AMX records ask for them.
+    (:mod:`kiln_tvm.x86_vnni`), and AVX512-BF16's is added (:mod:`kiln_tvm.x86_bf16`). With ``amx``,
+    Kiln's AMX intrinsics (:mod:`kiln_tvm.x86_amx`) too: they cost ~4 s of parsing, so only callers
+    replaying AMX records ask for them.
     """
     if _TENSOR_INTRIN not in sys.modules:
         stub = types.ModuleType(_TENSOR_INTRIN)
@@ -70,9 +71,11 @@ def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86",), amx: bool =
         for name in keep:
             importlib.import_module(f"{_TENSOR_INTRIN}.{name}")
     if "x86" in keep:
+        from kiln_tvm.x86_bf16 import register_dpbf16_intrinsic
         from kiln_tvm.x86_vnni import register_vnni_intrinsic
 
         register_vnni_intrinsic()
+        register_dpbf16_intrinsic()
         if amx:
             from kiln_tvm.x86_amx import register_amx_intrinsics
 

@@ -16,7 +16,7 @@ from kiln_tvm import Target, ms
 from schedules.amx import AmxTiling, amx_kinds
 from schedules.poly.caches import UNKNOWN, CacheHierarchy
 from schedules.poly.search import FootprintPruner, PruningStats
-from schedules.vnni import VnniTiling, cpu_tiling_args, has_vnni, vnni_lanes
+from schedules.vnni import cpu_tiling_args, dpbf16_tiling, has_avx512_bf16, has_vnni, vnni_lanes, vnni_tiling
 
 SpaceFactory = Callable[[Target, "SpaceOptions", PruningStats], Any]
 
@@ -86,7 +86,9 @@ def _cpu_rules(target: Target) -> list[Any]:
     # On VNNI CPUs, the integer kernels packed for it are tensorized first (schedules.vnni); on AMX ones,
     # the packed matmuls AMX serves go on tiles before that (schedules.amx).
     lanes = vnni_lanes(target)
-    vnni = [VnniTiling(lanes)] if lanes is not None else []
+    vnni = [vnni_tiling(lanes)] if lanes is not None else []
+    # The bf16 policy's packed matmuls that AMX does not take, on vdpbf16ps (schedules.vnni).
+    dpbf16 = [dpbf16_tiling()] if has_avx512_bf16(target) else []
     kinds = tuple(kind.name for kind in amx_kinds(target))
     amx = [AmxTiling(kinds)] if kinds else []
     return [
@@ -104,6 +106,7 @@ def _cpu_rules(target: Target) -> list[Any]:
         ms.schedule_rule.AddRFactor(max_jobs_per_core=16, max_innermost_factor=64),
         *amx,
         *vnni,
+        *dpbf16,
         ms.schedule_rule.MultiLevelTiling(**cpu_tiling_args()),
         ms.schedule_rule.ParallelizeVectorizeUnroll(
             max_jobs_per_core=16,
@@ -119,7 +122,7 @@ def _cpu_postprocs(target: Target) -> list[Any]:
     # TVM's DefaultCPUTensorization postprocessors where a rule may tensorize.
     tensorize = (
         [ms.postproc.RewriteTensorize(vectorize_init_loop=True)]
-        if has_vnni(target) or amx_kinds(target)
+        if has_vnni(target) or amx_kinds(target) or has_avx512_bf16(target)
         else []
     )
     return [

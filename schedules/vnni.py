@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln_tvm import Target, derived_object, ms, register_cpu_tensor_intrinsics, s_tir, tvm
+from kiln_tvm.x86_bf16 import DPBF16_INTRINSIC
 from kiln_tvm.x86_vnni import AVXVNNI_LANES, VNNI_LANES, vnni_intrinsic
 
 #: Block annotation of a kernel whose weight is packed for the VNNI intrinsic.
@@ -37,14 +38,16 @@ def vnni_lanes(target: Target) -> int | None:
     return None
 
 
+def has_avx512_bf16(target: Target) -> bool:
+    """Whether ``target``'s CPU has AVX512-BF16's ``vdpbf16ps`` (Intel since Cooper Lake, AMD since Zen 4)."""
+    if target.kind.name != "llvm":
+        return False
+    return "avx512bf16" in {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+
+
 def has_vnni(target: Target) -> bool:
     """Whether ``target``'s CPU has a VNNI dot product Kiln tensorizes with (:func:`vnni_lanes`)."""
     return vnni_lanes(target) is not None
-
-
-def is_vnni_block(sch: s_tir.Schedule, block: Any) -> bool:
-    """Whether ``block`` is a kernel Kiln packed for the VNNI intrinsic."""
-    return VNNI_BLOCK in sch.get(block).annotations
 
 
 def has_packed_block(stmt: Any) -> bool:
@@ -93,21 +96,21 @@ def cpu_tiling_args() -> dict[str, Any]:
 
 
 @derived_object
-class VnniTiling(ms.schedule_rule.PyScheduleRule):
-    """MetaSchedule's multi-level tiling around the VNNI intrinsic of ``lanes`` output lanes, for
-    :data:`VNNI_BLOCK` blocks only."""
+class PackedTiling(ms.schedule_rule.PyScheduleRule):
+    """MetaSchedule's multi-level tiling around a dot-product ``intrinsic`` (VNNI's, AVX512-BF16's), for
+    the blocks marked ``mark`` only: the kernels whose weights Kiln packed in the order it reads."""
 
-    def __init__(self, lanes: int = VNNI_LANES) -> None:
+    def __init__(self, intrinsic: str, mark: str) -> None:
         super().__init__()
         register_cpu_tensor_intrinsics()  # the rule looks its intrinsic up when it is made
-        self.lanes = lanes
-        self.inner = ms.schedule_rule.MultiLevelTilingWithIntrin(vnni_intrinsic(lanes), **cpu_tiling_args())
+        self.intrinsic, self.mark = intrinsic, mark
+        self.inner = ms.schedule_rule.MultiLevelTilingWithIntrin(intrinsic, **cpu_tiling_args())
 
     def _initialize_with_tune_context(self, context: Any) -> None:
         self.inner._initialize_with_tune_context(context)
 
     def apply(self, sch: s_tir.Schedule, block: Any) -> list[s_tir.Schedule]:
-        if not is_vnni_block(sch, block):
+        if self.mark not in sch.get(block).annotations:
             return [sch]
         name = sch.get(block).name_hint
         tiled = list(self.inner.apply(sch, block))
@@ -115,5 +118,16 @@ class VnniTiling(ms.schedule_rule.PyScheduleRule):
             keep_scalar_around_intrinsic(candidate, f"{name}_o")
         return tiled
 
-    def clone(self) -> VnniTiling:
-        return VnniTiling(self.lanes)
+    def clone(self) -> PackedTiling:
+        return PackedTiling(self.intrinsic, self.mark)
+
+
+def vnni_tiling(lanes: int = VNNI_LANES) -> PackedTiling:
+    """The tiling of :data:`VNNI_BLOCK` kernels around the VNNI intrinsic of ``lanes`` output lanes."""
+    return PackedTiling(vnni_intrinsic(lanes), VNNI_BLOCK)
+
+
+def dpbf16_tiling() -> PackedTiling:
+    """The tiling of :data:`BF16_BLOCK` kernels around AVX512-BF16's ``vdpbf16ps`` (those AMX's rule,
+    before it, did not put on tiles)."""
+    return PackedTiling(DPBF16_INTRINSIC, BF16_BLOCK)

@@ -128,6 +128,10 @@ class FusionOut(EntityOut):
     amx_bf16_matmuls: list[str] = Field(
         default_factory=list, description="Of the reduced operators, the bf16 matmuls on AMX-BF16 tiles"
     )
+    avx512_bf16_matmuls: list[str] = Field(
+        default_factory=list,
+        description="Of the reduced operators, the bf16 matmuls on AVX512-BF16's vdpbf16ps (packed weights)",
+    )
     precision_note: str = Field(default="", description="Why the target computes them that way")
 
     @classmethod

@@ -1,4 +1,5 @@
-"""bf16 matmuls of the ``bf16`` precision policy put on kernels over weights packed for AMX's ``tdpbf16ps``.
+"""bf16 matmuls of the ``bf16`` precision policy put on kernels over weights packed for AMX's ``tdpbf16ps``
+and AVX512-BF16's ``vdpbf16ps``.
 
 After :mod:`tuner.precision` and constant folding, a float matmul under the bf16 policy is
 
@@ -13,7 +14,10 @@ TE kernel reading the weight packed in that order once, here:
     Wp[N/16, K/2, 16, 2]          Wp[n // 16, k // 2, n % 16, k % 2] = W[k, n]
 
 and marks its block :data:`schedules.vnni.BF16_BLOCK`, which :mod:`schedules.amx` tiles onto the
-intrinsic. The others stay as they were (bf16 operands, products widened to fp32 by TVM).
+intrinsic. On a CPU with AVX512-BF16 (Zen 4 too), the matmuls AMX does not take whose columns are a
+multiple of 16 and reduction of 2 get the same kernel, which :mod:`schedules.vnni` tensorizes with
+``vdpbf16ps`` (:mod:`kiln_tvm.x86_bf16`: it reads the same 16 columns by 2 reduction elements). The others
+stay as they were (bf16 operands, products widened to fp32 by TVM).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import BF16
+from kiln_tvm.x86_bf16 import DPBF16_LANES, DPBF16_PAIR
 from schedules.amx import fits_amx_tiles
 from schedules.vnni import BF16_BLOCK
 from tuner.graph_rewrite import rewrite_functions
@@ -36,14 +41,19 @@ _LANES, _PAIR = 16, BF16.pair
 
 @dataclass
 class Bf16AmxReport:
-    """The bf16 matmuls now on AMX-BF16 kernels, and those left as they were (why)."""
+    """The bf16 matmuls now on AMX-BF16 kernels, those on AVX512-BF16 ones, and those left as they were
+    (why); ``amx`` and ``dot``: whether the CPU has AMX-BF16 and AVX512-BF16."""
 
     packed: list[str] = field(default_factory=list)  # "matmul 128x256 @ 256x1024"
+    dot_packed: list[str] = field(default_factory=list)  # "matmul 1x512 @ 512x1024"
     unpacked: list[str] = field(default_factory=list)  # "matmul 1x512 @ 512x10: 1 rows ..."
+    amx: bool = True
+    dot: bool = False
 
 
 def pack_for_amx_bf16(report: Bf16AmxReport | None = None) -> tvm.transform.Pass:
-    """A module pass putting the bf16 matmuls AMX's ``tdpbf16ps`` serves on packed kernels."""
+    """A module pass putting the bf16 matmuls AMX's ``tdpbf16ps`` or AVX512-BF16's ``vdpbf16ps`` serve (the
+    report says which the CPU has) on packed kernels."""
     sink = report if report is not None else Bf16AmxReport()
 
     @tvm.transform.module_pass(opt_level=0, name="KilnPackForAMXBF16")
@@ -84,12 +94,21 @@ class _Bf16Mutator(relax.PyExprMutator):
         x_shape = [int(d) for d in call.args[0].ty.shape]
         rows = x_shape[-2] if len(x_shape) > 1 else 1
         depth, cols = (int(d) for d in weight.shape)
-        if not fits_amx_tiles(BF16, rows, cols, depth):
-            self.report.unpacked.append(
-                f"{describe_core(call)}: not whole 16-row x 32-column x 32-deep AMX blocks"
-            )
+        if self.report.amx and fits_amx_tiles(BF16, rows, cols, depth):
+            self.report.packed.append(describe_core(call))
+        elif self.report.dot and cols % DPBF16_LANES == 0 and depth % DPBF16_PAIR == 0:
+            self.report.dot_packed.append(describe_core(call))
+        else:
+            why = [
+                *(["not whole 16-row x 32-column x 32-deep AMX blocks"] if self.report.amx else []),
+                *(
+                    [f"{cols} columns, {depth} deep (vdpbf16ps: multiples of 16, 2)"]
+                    if self.report.dot
+                    else []
+                ),
+            ]
+            self.report.unpacked.append(f"{describe_core(call)}: {'; '.join(why)}")
             return call
-        self.report.packed.append(describe_core(call))
         packed = relax.const(pack_matmul_weight(weight, _PAIR), "bfloat16")
         return emit_marked_kernel(
             self.builder_, bf16_matmul_kernel, [call.args[0], packed], "amx_bf16_matmul", BF16_BLOCK

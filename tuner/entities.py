@@ -159,6 +159,7 @@ class FusionSummary:
     precision: str = "as-is"
     reduced_ops: list[str] = field(default_factory=list)  # "matmul 32x512 @ 512x2048 -> bf16"
     amx_bf16_matmuls: list[str] = field(default_factory=list)  # "matmul 128x256 @ 256x1024"
+    avx512_bf16_matmuls: list[str] = field(default_factory=list)  # on vdpbf16ps: "matmul 4x256 @ 256x512"
     precision_compute: str = ""
     precision_note: str = ""
 

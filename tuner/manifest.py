@@ -60,6 +60,7 @@ def job_manifest(
             "reduced_ops": plan.fusion.reduced_ops,
             "compute": plan.fusion.precision_compute,
             "amx_bf16_matmuls": plan.fusion.amx_bf16_matmuls,
+            "avx512_bf16_matmuls": plan.fusion.avx512_bf16_matmuls,
             "note": plan.fusion.precision_note,
             "accuracy": accuracy.to_dict()
             if accuracy is not None and accuracy.tolerance is not None

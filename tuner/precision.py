@@ -56,28 +56,33 @@ class PrecisionCompute:
     note: str
 
 
-def precision_compute(policy: str, target: Target, reduced: int = 0, on_amx: int = 0) -> PrecisionCompute:
+def precision_compute(
+    policy: str, target: Target, reduced: int = 0, on_amx: int = 0, on_dot: int = 0
+) -> PrecisionCompute:
     """Whether ``target`` computes ``policy``'s products on low-precision instructions, and why not;
-    ``on_amx`` of the ``reduced`` operators are bf16 matmuls on AMX-BF16 kernels."""
+    ``on_amx`` of the ``reduced`` operators are bf16 matmuls on AMX-BF16 kernels, ``on_dot`` on
+    AVX512-BF16's ``vdpbf16ps``."""
     if policy == "as-is":
         return PrecisionCompute("", "")
     features = set()
     if target.kind.name == "llvm":
         features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
     widened = "bf16 values widened to fp32 and multiplied in fp32 (TVM's BF16ComputeLegalize)"
-    if policy == "bf16" and on_amx:
-        tiles = f"{on_amx} of {reduced} on AMX-BF16 tiles (tdpbf16ps, fp32 accumulation)"
-        if on_amx >= reduced:
-            return PrecisionCompute("native", tiles)
+    if policy == "bf16" and (on_amx or on_dot):
+        native = [
+            *([f"{on_amx} of {reduced} on AMX-BF16 tiles (tdpbf16ps, fp32 accumulation)"] if on_amx else []),
+            *([f"{on_dot} of {reduced} on AVX512-BF16 (vdpbf16ps, fp32 accumulation)"] if on_dot else []),
+        ]
+        said = "; ".join(native)
+        if on_amx + on_dot >= reduced:
+            return PrecisionCompute("native", said)
         return PrecisionCompute(
-            "mixed", f"{tiles}; the others (convolutions, matmuls not whole 16x32x32 blocks): {widened}"
+            "mixed", f"{said}; the others (convolutions, matmuls whose weights do not pack): {widened}"
         )
     if policy == "bf16":
         has = sorted(features & {"avx512bf16", "amx-bf16"})
-        if "amx-bf16" in has:
-            why = "the CPU has AMX-BF16, but no operator is a matmul of whole 16x32x32 AMX blocks"
-        elif has:
-            why = f"the CPU has {', '.join(has)}, which Kiln's kernels do not use yet"
+        if has:
+            why = f"the CPU has {', '.join(has)}, but no operator is a matmul whose weight packs for it"
         else:
             why = "the CPU has no AVX512-BF16 or AMX-BF16"
         return PrecisionCompute("emulated", f"{widened}: {why}")

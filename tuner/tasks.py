@@ -10,7 +10,7 @@ from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
 from kiln_tvm.x86_amx import INT8
 from kiln_tvm.x86_vnni import VNNI_LANES
 from schedules.amx import fits_amx_tiles, has_amx_bf16, has_amx_int8
-from schedules.vnni import vnni_lanes
+from schedules.vnni import has_avx512_bf16, vnni_lanes
 from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
 from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, TaskInfo
@@ -159,7 +159,10 @@ def plan_graph(
     lanes = vnni_lanes(target) if cpu else None
     vnni = VnniReport(lanes=lanes) if lanes is not None else None
     reduced = PrecisionReport()
-    bf16 = Bf16AmxReport() if cpu and precision == "bf16" and has_amx_bf16(target) else None
+    amx_bf16, dot_bf16 = cpu and has_amx_bf16(target), cpu and has_avx512_bf16(target)
+    bf16 = (
+        Bf16AmxReport(amx=amx_bf16, dot=dot_bf16) if precision == "bf16" and (amx_bf16 or dot_bf16) else None
+    )
     prepared = inference_passes(
         cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni, precision, reduced, bf16
     )(mod)
@@ -167,8 +170,9 @@ def plan_graph(
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]
     on_amx = bf16.packed if bf16 is not None else []
+    on_dot = bf16.dot_packed if bf16 is not None else []
     compute = precision_compute(
-        precision if reduced.reduced else "as-is", target, len(reduced.reduced), len(on_amx)
+        precision if reduced.reduced else "as-is", target, len(reduced.reduced), len(on_amx), len(on_dot)
     )
     amx = (
         [core for core, extents in vnni.matmul_extents.items() if fits_amx_tiles(INT8, *extents)]
@@ -189,6 +193,7 @@ def plan_graph(
         precision=precision,
         reduced_ops=reduced.reduced,
         amx_bf16_matmuls=on_amx,
+        avx512_bf16_matmuls=on_dot,
         precision_compute=compute.mode,
         precision_note=compute.note,
     )

@@ -13,6 +13,7 @@ import onnx
 import pytest
 
 from schedules.amx import has_amx_bf16
+from schedules.vnni import has_avx512_bf16
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.models import build_mlp
@@ -65,7 +66,15 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
     assert manifest["precision"]["policy"] == "bf16"
     assert manifest["precision"]["reduced_ops"] == result.fusion.reduced_ops
-    assert manifest["precision"]["compute"] == "emulated"
+    # 4 rows are no AMX block; with AVX512-BF16, 256 x 512 packs for vdpbf16ps and 512 x 10 does not.
+    if has_avx512_bf16(to_tvm_target(host_target())):
+        assert result.fusion.avx512_bf16_matmuls == ["matmul 4x256 @ 256x512"]
+        assert manifest["precision"]["compute"] == "mixed"
+        fc1 = next(t for t in result.tasks if "amx_bf16_matmul" in t.name)
+        assert "kiln_dpbf16ps_16x2" in best_schedule(sqlite_store, result.job, fc1).tir
+    else:
+        assert manifest["precision"]["compute"] == "emulated"
+    assert manifest["precision"]["avx512_bf16_matmuls"] == result.fusion.avx512_bf16_matmuls
     assert manifest["precision"]["accuracy"] == accuracy.to_dict()
     assert manifest["quantization"]["accuracy"] is None
     assert manifest["verification"]["tolerance"] == {"norm_wise_relative": accuracy.tolerance}

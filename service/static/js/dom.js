@@ -137,6 +137,9 @@ export function precisionNote(fusion) {
     h("ul", {}, reduced.map((op) => h("li", {}, op))),
     (fusion.amx_bf16_matmuls || []).length
       ? h("p", { id: "amx-bf16" }, `On AMX-BF16 tiles (tdpbf16ps): ${fusion.amx_bf16_matmuls.join("; ")}`)
+      : null,
+    (fusion.avx512_bf16_matmuls || []).length
+      ? h("p", { id: "avx512-bf16" }, `On AVX512-BF16 (vdpbf16ps): ${fusion.avx512_bf16_matmuls.join("; ")}`)
       : null);
 }
 
