@@ -26,9 +26,11 @@ DPBF16_LANES, DPBF16_PAIR = 16, 2
 _FUNCTION = "kiln_dpbf16ps_16x2"
 
 # C (fp32), A (a bf16 pair, broadcast), B (16 bf16 pairs), each a base pointer and an element offset:
-# TVM's access_ptr of a bf16 buffer does not survive its bf16 legalization, its data pointer does.
+# TVM's access_ptr of a bf16 buffer does not survive its bf16 legalization, its data pointer does. The
+# call must match this signature exactly (i32 offsets, an i32 result, as call_extern's), or LLVM keeps
+# the call instead of inlining it, and the function stays undefined.
 _LLVM_IR = f"""
-define void @{_FUNCTION}(ptr %c_data, i32 %c_offset, ptr %a_data, i32 %a_offset, ptr %b_data, i32 %b_offset) {{
+define i32 @{_FUNCTION}(ptr %c_data, i32 %c_offset, ptr %a_data, i32 %a_offset, ptr %b_data, i32 %b_offset) {{
 entry:
   %c = getelementptr float, ptr %c_data, i32 %c_offset
   %a = getelementptr i16, ptr %a_data, i32 %a_offset
@@ -41,7 +43,7 @@ entry:
   %b_vec = load <32 x bfloat>, ptr %b, align 2
   %sum = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc, <32 x bfloat> %a_vec, <32 x bfloat> %b_vec)
   store <16 x float> %sum, ptr %c, align 4
-  ret void
+  ret i32 0
 }}
 declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
 """
@@ -75,7 +77,14 @@ def _dpbf16_impl(
         with T.attr(T.int32(0), "pragma_import_llvm", _LLVM_IR):
             T.evaluate(
                 T.call_extern(
-                    "int32", _FUNCTION, C.data, C.elem_offset, A.data, A.elem_offset, B.data, B.elem_offset
+                    "int32",
+                    _FUNCTION,
+                    C.data,
+                    T.Cast("int32", C.elem_offset),
+                    A.data,
+                    T.Cast("int32", A.elem_offset),
+                    B.data,
+                    T.Cast("int32", B.elem_offset),
                 )
             )
 

@@ -3,7 +3,8 @@
 TVM registers ``dot_16x4_vnni`` with ``int32x16`` operands for ``llvm.x86.avx512.vpdpbusd.512``; the LLVM
 the 0.27 wheel bundles declares that intrinsic over ``<64 x i8>`` vectors, so every tensorized candidate
 fails to build (TVM_NOTES.md). The implementation here passes the same bytes as ``uint8x64``/``int8x64``;
-the description (16 output lanes, 4 products each: ``C[i] += A[k] * B[i, k]``, u8 x s8 -> s32) is TVM's.
+the description (16 output lanes, 4 products each: ``C[i] += A[k] * B[i, k]``, u8 x s8 -> s32) is TVM's,
+written here for both widths.
 
 CPUs with AVX-VNNI but no AVX-512 (Intel since Alder Lake; the VEX-encoded ``vpdpbusd ymm``) get
 :data:`AVXVNNI_INTRINSIC`, the same product over 8 output lanes on 256-bit vectors, which TVM does not
@@ -12,6 +13,8 @@ without AVX512-VL.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
@@ -25,58 +28,53 @@ AVXVNNI_INTRINSIC = "dot_8x4_avxvnni"
 AVXVNNI_LANES = 8
 
 
-@T.prim_func(s_tir=True)
-def _vnni_16x4_impl(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((16, 4), "int8", offset_factor=1),
-    C: T.Buffer((16,), "int32", offset_factor=1),
-) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        a_word = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-            C.vload([0], dtype="int32x16"),
-            T.reinterpret(T.broadcast(a_word, 16), dtype="uint8x64"),
-            B.vload([0, 0], dtype="int8x64"),
-            dtype="int32x16",
-        )
+def _dot_desc(lanes: int) -> Any:
+    """``C[i] += A[k] * B[i, k]`` over ``lanes`` outputs by 4 products, u8 x s8 -> s32 (for 16 lanes: TVM's
+    ``dot_product_16x4_u8i8i32_desc``)."""
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    return desc
 
 
-@T.prim_func(s_tir=True)
-def _dot_8x4_desc(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((8, 4), "int8", offset_factor=1),
-    C: T.Buffer((8,), "int32", offset_factor=1),
-) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-        T.writes(C[0:8])
-        for i in T.serial(0, 8):
-            for k in T.serial(0, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+def _vpdpbusd_impl(lanes: int) -> Any:
+    """One ``vpdpbusd`` over ``lanes`` int32 accumulators (16: ``zmm``, 8: ``ymm``), its operands passed
+    as the byte vectors the wheel's LLVM declares."""
+    intrinsic = f"llvm.x86.avx512.vpdpbusd.{32 * lanes}"
+    accumulators, products = f"int32x{lanes}", f"x{4 * lanes}"
 
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            a_word = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(intrinsic),
+                C.vload([0], dtype=accumulators),
+                T.reinterpret(T.broadcast(a_word, lanes), dtype="uint8" + products),
+                B.vload([0, 0], dtype="int8" + products),
+                dtype=accumulators,
+            )
 
-@T.prim_func(s_tir=True)
-def _avxvnni_8x4_impl(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((8, 4), "int8", offset_factor=1),
-    C: T.Buffer((8,), "int32", offset_factor=1),
-) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-        T.writes(C[0:8])
-        a_word = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 8)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.256"),
-            C.vload([0], dtype="int32x8"),
-            T.reinterpret(T.broadcast(a_word, 8), dtype="uint8x32"),
-            B.vload([0, 0], dtype="int8x32"),
-            dtype="int32x8",
-        )
+    return impl
 
 
 def vnni_intrinsic(lanes: int) -> str:
@@ -93,8 +91,6 @@ def register_vnni_intrinsic() -> None:
     global _registered
     if _registered:
         return
-    from tvm.s_tir.tensor_intrin.x86 import dot_product_16x4_u8i8i32_desc
-
-    TensorIntrin.register(VNNI_INTRINSIC, dot_product_16x4_u8i8i32_desc, _vnni_16x4_impl, override=True)
-    TensorIntrin.register(AVXVNNI_INTRINSIC, _dot_8x4_desc, _avxvnni_8x4_impl, override=True)
+    for name, lanes in ((VNNI_INTRINSIC, VNNI_LANES), (AVXVNNI_INTRINSIC, AVXVNNI_LANES)):
+        TensorIntrin.register(name, _dot_desc(lanes), _vpdpbusd_impl(lanes), override=True)
     _registered = True

@@ -63,8 +63,9 @@ def pack_for_amx_bf16(report: Bf16AmxReport | None = None) -> tvm.transform.Pass
     return rewrite
 
 
-def bf16_matmul_kernel(x: Any, packed: Any) -> Any:
-    """``out[..., n] = sum_k float32(x[..., k]) * float32(Wp[n // 16, k // 2, n % 16, k % 2])``."""
+def bf16_matmul_kernel(x: Any, packed: Any, name: str = "amx_bf16_matmul") -> Any:
+    """``out[..., n] = sum_k float32(x[..., k]) * float32(Wp[n // 16, k // 2, n % 16, k % 2])``, its block
+    ``name``."""
     reduce = te.reduce_axis((0, x.shape[-1]), name="k")
     channels = packed.shape[0] * _LANES
 
@@ -73,7 +74,7 @@ def bf16_matmul_kernel(x: Any, packed: Any) -> Any:
         w = packed[n // _LANES, reduce // _PAIR, n % _LANES, reduce % _PAIR]
         return te.sum(x[(*outer, reduce)].astype("float32") * w.astype("float32"), axis=reduce)
 
-    return te.compute((*x.shape[:-1], channels), body, name="amx_bf16_matmul")
+    return te.compute((*x.shape[:-1], channels), body, name=name)
 
 
 @relax.expr_functor.mutator
@@ -96,23 +97,24 @@ class _Bf16Mutator(relax.PyExprMutator):
         depth, cols = (int(d) for d in weight.shape)
         if self.report.amx and fits_amx_tiles(BF16, rows, cols, depth):
             self.report.packed.append(describe_core(call))
+            name = "amx_bf16_matmul"
         elif self.report.dot and cols % DPBF16_LANES == 0 and depth % DPBF16_PAIR == 0:
             self.report.dot_packed.append(describe_core(call))
+            name = "dpbf16_matmul"
         else:
-            why = [
-                *(["not whole 16-row x 32-column x 32-deep AMX blocks"] if self.report.amx else []),
-                *(
-                    [f"{cols} columns, {depth} deep (vdpbf16ps: multiples of 16, 2)"]
-                    if self.report.dot
-                    else []
-                ),
-            ]
+            why = []
+            if self.report.amx:
+                why.append("not whole 16-row x 32-column x 32-deep AMX blocks")
+            if self.report.dot:
+                why.append(f"{cols} columns, {depth} deep (vdpbf16ps: multiples of 16, 2)")
             self.report.unpacked.append(f"{describe_core(call)}: {'; '.join(why)}")
             return call
         packed = relax.const(pack_matmul_weight(weight, _PAIR), "bfloat16")
-        return emit_marked_kernel(
-            self.builder_, bf16_matmul_kernel, [call.args[0], packed], "amx_bf16_matmul", BF16_BLOCK
-        )
+
+        def kernel(x: Any, w: Any) -> Any:
+            return bf16_matmul_kernel(x, w, name)
+
+        return emit_marked_kernel(self.builder_, kernel, [call.args[0], packed], name, BF16_BLOCK)
 
 
 def _is_bf16_core(call: relax.Call) -> bool:

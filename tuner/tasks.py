@@ -63,8 +63,9 @@ def inference_passes(
 
     With a ``vnni_report`` (CPUs with VNNI; its lanes: 16 or 8), the integer matmuls and NHWC convolutions
     whose weights fit are then put on kernels over weights packed for ``vpdpbusd`` (:mod:`tuner.quant.vnni`).
-    With a ``bf16_report`` (the bf16 policy on CPUs with AMX-BF16), the bf16 matmuls that are whole AMX
-    blocks go on kernels over weights packed for ``tdpbf16ps`` (:mod:`tuner.bf16_amx`).
+    With a ``bf16_report`` (the bf16 policy on CPUs with AMX-BF16 or AVX512-BF16), the bf16 matmuls that
+    are whole AMX blocks, or else whose weights pack for ``vdpbf16ps``, go on kernels over weights packed
+    for those instructions (:mod:`tuner.bf16_amx`).
 
     With ``fast_math``, ``exp``, ``erf``, ``tanh`` and softmax use TVM's polynomial approximations
     (``topi.fast_exp``...): LLVM lowers the exact ones to a scalar libm call per element (an erf costs

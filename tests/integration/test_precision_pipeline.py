@@ -70,7 +70,7 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
     if has_avx512_bf16(to_tvm_target(host_target())):
         assert result.fusion.avx512_bf16_matmuls == ["matmul 4x256 @ 256x512"]
         assert manifest["precision"]["compute"] == "mixed"
-        fc1 = next(t for t in result.tasks if "amx_bf16_matmul" in t.name)
+        fc1 = next(t for t in result.tasks if "dpbf16_matmul" in t.name)
         assert "kiln_dpbf16ps_16x2" in best_schedule(sqlite_store, result.job, fc1).tir
     else:
         assert manifest["precision"]["compute"] == "emulated"
