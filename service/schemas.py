@@ -132,6 +132,14 @@ class FusionOut(EntityOut):
         default_factory=list,
         description="Of the reduced operators, the bf16 matmuls on AVX512-BF16's vdpbf16ps (packed weights)",
     )
+    avx512_bf16_convolutions: list[str] = Field(
+        default_factory=list,
+        description="Of the reduced operators, the bf16 NHWC convolutions on AVX512-BF16's vdpbf16ps",
+    )
+    bf16_unpacked: list[str] = Field(
+        default_factory=list,
+        description="On a CPU with AMX-BF16 or AVX512-BF16, the bf16 operators on neither, and why",
+    )
     precision_note: str = Field(default="", description="Why the target computes them that way")
 
     @classmethod

@@ -1,5 +1,5 @@
-"""bf16 matmuls of the ``bf16`` precision policy put on kernels over weights packed for AMX's ``tdpbf16ps``
-and AVX512-BF16's ``vdpbf16ps``.
+"""bf16 matmuls and convolutions of the ``bf16`` precision policy put on kernels over weights packed for
+AMX's ``tdpbf16ps`` and AVX512-BF16's ``vdpbf16ps``.
 
 After :mod:`tuner.precision` and constant folding, a float matmul under the bf16 policy is
 
@@ -16,14 +16,22 @@ TE kernel reading the weight packed in that order once, here:
 and marks its block :data:`schedules.vnni.BF16_BLOCK`, which :mod:`schedules.amx` tiles onto the
 intrinsic. On a CPU with AVX512-BF16 (Zen 4 too), the matmuls AMX does not take whose columns are a
 multiple of 16 and reduction of 2 get the same kernel, which :mod:`schedules.vnni` tensorizes with
-``vdpbf16ps`` (:mod:`kiln_tvm.x86_bf16`: it reads the same 16 columns by 2 reduction elements). The others
-stay as they were (bf16 operands, products widened to fp32 by TVM).
+``vdpbf16ps`` (:mod:`kiln_tvm.x86_bf16`: it reads the same 16 columns by 2 reduction elements). There,
+the NHWC convolutions (one group, output channels a multiple of 16) get the convolution kernel of
+:mod:`tuner.quant.vnni` over a weight packed likewise, an odd channel count filled by one zero channel:
+
+    Wp[O/16, KH, KW, C/2, 16, 2]  Wp[o // 16, kh, kw, c // 2, o % 16, c % 2] = W[o, kh, kw, c]
+
+(AMX takes no convolution: its 16 tile rows would be 16 consecutive output pixels). The others stay as
+they were (bf16 operands, products widened to fp32 by TVM).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import BF16
@@ -32,28 +40,34 @@ from schedules.amx import fits_amx_tiles
 from schedules.vnni import BF16_BLOCK
 from tuner.graph_rewrite import rewrite_functions
 from tuner.quant.qdq import describe_core
-from tuner.quant.vnni import emit_marked_kernel, pack_matmul_weight
+from tuner.quant.vnni import (
+    conv2d_layout_misfit,
+    emit_marked_kernel,
+    emit_packed_conv2d,
+    matmul_kernel,
+    pack_conv_weight,
+    pack_matmul_weight,
+)
 
-te = tvm.te
 _Constant = tvm.ir.expr.Constant
-_LANES, _PAIR = 16, BF16.pair
 
 
 @dataclass
 class Bf16AmxReport:
-    """The bf16 matmuls now on AMX-BF16 kernels, those on AVX512-BF16 ones, and those left as they were
-    (why); ``amx`` and ``dot``: whether the CPU has AMX-BF16 and AVX512-BF16."""
+    """The bf16 matmuls now on AMX-BF16 kernels, the matmuls and convolutions on AVX512-BF16 ones, and the
+    operators left as they were (why); ``amx`` and ``dot``: whether the CPU has AMX-BF16 and AVX512-BF16."""
 
     packed: list[str] = field(default_factory=list)  # "matmul 128x256 @ 256x1024"
     dot_packed: list[str] = field(default_factory=list)  # "matmul 1x512 @ 512x1024"
+    dot_convolutions: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
     unpacked: list[str] = field(default_factory=list)  # "matmul 1x512 @ 512x10: 1 rows ..."
     amx: bool = True
     dot: bool = False
 
 
 def pack_for_amx_bf16(report: Bf16AmxReport | None = None) -> tvm.transform.Pass:
-    """A module pass putting the bf16 matmuls AMX's ``tdpbf16ps`` or AVX512-BF16's ``vdpbf16ps`` serve (the
-    report says which the CPU has) on packed kernels."""
+    """A module pass putting the bf16 matmuls AMX's ``tdpbf16ps`` or AVX512-BF16's ``vdpbf16ps`` serve, and
+    the NHWC convolutions ``vdpbf16ps`` serves (the report says which the CPU has), on packed kernels."""
     sink = report if report is not None else Bf16AmxReport()
 
     @tvm.transform.module_pass(opt_level=0, name="KilnPackForAMXBF16")
@@ -63,35 +77,32 @@ def pack_for_amx_bf16(report: Bf16AmxReport | None = None) -> tvm.transform.Pass
     return rewrite
 
 
-def bf16_matmul_kernel(x: Any, packed: Any, name: str = "amx_bf16_matmul") -> Any:
-    """``out[..., n] = sum_k float32(x[..., k]) * float32(Wp[n // 16, k // 2, n % 16, k % 2])``, its block
-    ``name``."""
-    reduce = te.reduce_axis((0, x.shape[-1]), name="k")
-    channels = packed.shape[0] * _LANES
-
-    def body(*index: Any) -> Any:
-        *outer, n = index
-        w = packed[n // _LANES, reduce // _PAIR, n % _LANES, reduce % _PAIR]
-        return te.sum(x[(*outer, reduce)].astype("float32") * w.astype("float32"), axis=reduce)
-
-    return te.compute((*x.shape[:-1], channels), body, name=name)
-
-
 @relax.expr_functor.mutator
 class _Bf16Mutator(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, report: Bf16AmxReport) -> None:
         super().__init__(mod)
         self.report = report
         self.matmul = tvm.ir.Op.get("relax.matmul")
+        self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not isinstance(call, relax.Call) or not call.op.same_as(self.matmul) or not _is_bf16_core(call):
+        if not isinstance(call, relax.Call) or not _is_bf16_core(call):
             return call
-        weight = call.args[1].value.numpy() if isinstance(call.args[1], _Constant) else None
+        if call.op.same_as(self.matmul):
+            return self._matmul(call)
+        if call.op.same_as(self.conv2d) and self.report.dot:
+            return self._conv2d(call)
+        return call
+
+    def _declined(self, call: relax.Call, why: str) -> relax.Call:
+        self.report.unpacked.append(f"{describe_core(call)}: {why}")
+        return call
+
+    def _matmul(self, call: relax.Call) -> relax.Expr:
+        weight = _constant(call.args[1])
         if weight is None or weight.ndim != 2:
-            self.report.unpacked.append(f"{describe_core(call)}: its weight is not a 2-D constant")
-            return call
+            return self._declined(call, "its weight is not a 2-D constant")
         x_shape = [int(d) for d in call.args[0].ty.shape]
         rows = x_shape[-2] if len(x_shape) > 1 else 1
         depth, cols = (int(d) for d in weight.shape)
@@ -107,14 +118,34 @@ class _Bf16Mutator(relax.PyExprMutator):
                 why.append("not whole 16-row x 32-column x 32-deep AMX blocks")
             if self.report.dot:
                 why.append(f"{cols} columns, {depth} deep (vdpbf16ps: multiples of 16, 2)")
-            self.report.unpacked.append(f"{describe_core(call)}: {'; '.join(why)}")
-            return call
-        packed = relax.const(pack_matmul_weight(weight, _PAIR), "bfloat16")
+            return self._declined(call, "; ".join(why))
+        packed = relax.const(pack_matmul_weight(weight, BF16.pair), "bfloat16")
 
         def kernel(x: Any, w: Any) -> Any:
-            return bf16_matmul_kernel(x, w, name)
+            return matmul_kernel(x, w, "float32", name)
 
         return emit_marked_kernel(self.builder_, kernel, [call.args[0], packed], name, BF16_BLOCK)
+
+    def _conv2d(self, call: relax.Call) -> relax.Expr:
+        weight = _constant(call.args[1])
+        why = "its weight is not a constant" if weight is None else conv2d_layout_misfit(call)
+        if weight is None or why:
+            return self._declined(call, why)
+        if weight.shape[0] % DPBF16_LANES:
+            return self._declined(call, f"{weight.shape[0]} output channels (vdpbf16ps: a multiple of 16)")
+        # An odd channel count gets one zero channel, in the weight here and in the input's padding.
+        extra = weight.shape[3] % DPBF16_PAIR
+        if extra:
+            weight = np.pad(weight, [(0, 0), (0, 0), (0, 0), (0, extra)])
+        self.report.dot_convolutions.append(describe_core(call))
+        packed = relax.const(pack_conv_weight(weight, DPBF16_LANES, DPBF16_PAIR), "bfloat16")
+        return emit_packed_conv2d(
+            self.builder_, call, packed, "float32", "dpbf16_conv2d", BF16_BLOCK, extra_channels=extra
+        )
+
+
+def _constant(expr: relax.Expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, _Constant) else None
 
 
 def _is_bf16_core(call: relax.Call) -> bool:

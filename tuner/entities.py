@@ -155,11 +155,14 @@ class FusionSummary:
     vnni_unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: why"
     #: The job's precision policy (tuner.precision), the operators it put on low-precision operands, and
     #: how the target computes them: "native", "mixed", "emulated" (with why in the note), or "" when none
-    #: was; the bf16 matmuls on AMX-BF16 kernels among them.
+    #: was; the bf16 matmuls on AMX-BF16 kernels among them, those (and the convolutions) on AVX512-BF16's,
+    #: and on a CPU with either, the bf16 operators on neither (why).
     precision: str = "as-is"
     reduced_ops: list[str] = field(default_factory=list)  # "matmul 32x512 @ 512x2048 -> bf16"
     amx_bf16_matmuls: list[str] = field(default_factory=list)  # "matmul 128x256 @ 256x1024"
     avx512_bf16_matmuls: list[str] = field(default_factory=list)  # on vdpbf16ps: "matmul 4x256 @ 256x512"
+    avx512_bf16_convolutions: list[str] = field(default_factory=list)  # on vdpbf16ps: "conv2d 1x56x56x64 * ..."
+    bf16_unpacked: list[str] = field(default_factory=list)  # bf16 operators on no bf16 instruction: why
     precision_compute: str = ""
     precision_note: str = ""
 

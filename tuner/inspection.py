@@ -41,8 +41,9 @@ class BestSchedule:
 #: Bumped when what a stored plan holds changes (2: the tasks' polyhedral analyses; 3: the quantized
 #: operators lowered to integers and those kept in float; 4: integer kernels packed for VNNI; 5: the
 #: precision policy; 6: the matmuls on AMX tiles; 7: AVX-VNNI's 8-lane packing and the bf16 matmuls on
-#: vdpbf16ps), so older plans are planned again rather than served without it.
-PLAN_FORMAT = 7
+#: vdpbf16ps; 8: the bf16 convolutions on vdpbf16ps), so older plans are planned again rather than served
+#: without it.
+PLAN_FORMAT = 8
 
 
 def plan_model(

@@ -61,6 +61,8 @@ def job_manifest(
             "compute": plan.fusion.precision_compute,
             "amx_bf16_matmuls": plan.fusion.amx_bf16_matmuls,
             "avx512_bf16_matmuls": plan.fusion.avx512_bf16_matmuls,
+            "avx512_bf16_convolutions": plan.fusion.avx512_bf16_convolutions,
+            "bf16_unpacked": plan.fusion.bf16_unpacked,
             "note": plan.fusion.precision_note,
             "accuracy": accuracy.to_dict()
             if accuracy is not None and accuracy.tolerance is not None

@@ -10,8 +10,9 @@ How the CPU computes it is reported as it is: TVM 0.27 legalizes bf16 arithmetic
 (``BF16ComputeLegalize``: each bf16 value widened when loaded) and fp16 likewise (F16C conversions), so
 the products are *emulated* in fp32 on the low-precision values (the numerics of the low precision, the
 speed of fp32 on the arithmetic, half the weight bytes on the memory side), except where the CPU has
-AMX-BF16: there the bf16 matmuls that are whole AMX blocks run *natively* on ``tdpbf16ps`` tiles
-(:mod:`tuner.bf16_amx`); convolutions, and AVX512-BF16's ``vdpbf16ps``, are not used yet.
+AMX-BF16 or AVX512-BF16: there the bf16 matmuls that are whole AMX blocks run *natively* on ``tdpbf16ps``
+tiles, and the other matmuls and the NHWC convolutions whose weights pack for it on ``vdpbf16ps``
+(:mod:`tuner.bf16_amx`).
 """
 
 from __future__ import annotations
@@ -77,12 +78,12 @@ def precision_compute(
         if on_amx + on_dot >= reduced:
             return PrecisionCompute("native", said)
         return PrecisionCompute(
-            "mixed", f"{said}; the others (convolutions, matmuls whose weights do not pack): {widened}"
+            "mixed", f"{said}; the others (bf16_unpacked says why): {widened}"
         )
     if policy == "bf16":
         has = sorted(features & {"avx512bf16", "amx-bf16"})
         if has:
-            why = f"the CPU has {', '.join(has)}, but no operator is a matmul whose weight packs for it"
+            why = f"the CPU has {', '.join(has)}, but no operator's weight packs for it"
         else:
             why = "the CPU has no AVX512-BF16 or AMX-BF16"
         return PrecisionCompute("emulated", f"{widened}: {why}")

@@ -172,8 +172,13 @@ def plan_graph(
     infos = [describe_task(t) for t in tasks]
     on_amx = bf16.packed if bf16 is not None else []
     on_dot = bf16.dot_packed if bf16 is not None else []
+    dot_convolutions = bf16.dot_convolutions if bf16 is not None else []
     compute = precision_compute(
-        precision if reduced.reduced else "as-is", target, len(reduced.reduced), len(on_amx), len(on_dot)
+        precision if reduced.reduced else "as-is",
+        target,
+        len(reduced.reduced),
+        len(on_amx),
+        len(on_dot) + len(dot_convolutions),
     )
     amx = (
         [core for core, extents in vnni.matmul_extents.items() if fits_amx_tiles(INT8, *extents)]
@@ -195,6 +200,8 @@ def plan_graph(
         reduced_ops=reduced.reduced,
         amx_bf16_matmuls=on_amx,
         avx512_bf16_matmuls=on_dot,
+        avx512_bf16_convolutions=dot_convolutions,
+        bf16_unpacked=bf16.unpacked if bf16 is not None else [],
         precision_compute=compute.mode,
         precision_note=compute.note,
     )

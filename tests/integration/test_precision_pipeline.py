@@ -16,7 +16,7 @@ from schedules.amx import has_amx_bf16
 from schedules.vnni import has_avx512_bf16
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
-from tests.models import build_mlp
+from tests.models import build_mlp, build_small_cnn
 from tuner.entities import JobSpec, JobStatus
 from tuner.inspection import best_schedule
 from tuner.job import run_job, submit_job
@@ -115,6 +115,40 @@ def test_a_bf16_job_on_an_amx_cpu_computes_the_matmuls_that_fit_natively(
     assert manifest["precision"]["amx_bf16_matmuls"] == result.fusion.amx_bf16_matmuls
     # Plain TVM in a fresh process (which never asked Linux for AMX state: the library asks on load).
     x = np.random.default_rng(8).standard_normal((32, 256)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    want = onnxruntime_output(path, x)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]
+
+
+@pytest.mark.skipif(
+    not has_avx512_bf16(to_tvm_target(host_target())),
+    reason="this CPU has no AVX512-BF16 (tests/unit/test_avx512_bf16.py builds the kernels for one)",
+)
+def test_a_bf16_cnn_job_on_an_avx512_bf16_cpu_computes_its_convolutions_on_vdpbf16ps(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    path = tmp_path / "cnn.onnx"
+    onnx.save(build_small_cnn(image_size=16), path)
+    model, _ = register_model(sqlite_store, settings, path)
+    spec = JobSpec(model_id=model.id, target=host_target(), trials=8, precision="bf16")
+    result = run_job(sqlite_store, settings, submit_job(sqlite_store, spec).id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    # The three convolutions (the RGB stem filled to 4 channels) on vdpbf16ps; the 10-class matmul not.
+    assert len(result.fusion.avx512_bf16_convolutions) == 3
+    assert result.fusion.precision_compute == "mixed"
+    (unpacked,) = result.fusion.bf16_unpacked
+    assert unpacked.startswith("matmul 1x32 @ 32x10:")
+    conv = max((t for t in result.tasks if "dpbf16_conv2d" in t.name), key=lambda t: t.flops)
+    assert "kiln_dpbf16ps_16x2" in best_schedule(sqlite_store, result.job, conv).tir
+    (out,) = result.job.accuracy.outputs  # type: ignore[union-attr]
+    assert out.relative_error is not None and 0 < out.relative_error <= RELATIVE_TOLERANCE["bf16"]
+
+    with tarfile.open(result.artifact.path, "r:gz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    assert manifest["precision"]["avx512_bf16_convolutions"] == result.fusion.avx512_bf16_convolutions
+    assert manifest["precision"]["bf16_unpacked"] == [unpacked]
+    x = np.random.default_rng(9).standard_normal((1, 3, 16, 16)).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     want = onnxruntime_output(path, x)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]

@@ -23,6 +23,9 @@ from tuner.targets import host_target, to_tvm_target
 from tuner.tasks import plan_graph
 
 TARGET = to_tvm_target(host_target())
+#: CPUs without and with AVX512-BF16 (planned for, not run on).
+AVX2_TARGET = to_tvm_target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+ZEN4_TARGET = to_tvm_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 LOW = {"bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -65,7 +68,8 @@ def test_a_policy_puts_convolutions_and_matmuls_on_low_precision_operands(
 ) -> None:
     path = tmp_path / "cnn.onnx"
     onnx.save(build_small_cnn(), path)
-    plan = plan_graph(load_model(path).mod, TARGET, precision=policy)
+    # A CPU with no bf16 instruction: the cores stay the operators they were, on cast operands.
+    plan = plan_graph(load_model(path).mod, AVX2_TARGET, precision=policy)
     assert plan.fusion.precision == policy
     assert [op.split(" ")[0] for op in plan.fusion.reduced_ops] == ["conv2d"] * 3 + ["matmul"]
     assert all(op.endswith(f"-> {policy}") for op in plan.fusion.reduced_ops)
@@ -77,9 +81,28 @@ def test_a_policy_puts_convolutions_and_matmuls_on_low_precision_operands(
         assert str(call.ty.dtype) == "float32"
     # The weights were folded to low-precision constants (half the bytes); the biases stay fp32.
     assert LOW[policy] in _constant_dtypes(plan.prepared)
-    # What the CPU does with it is said, with why: emulated in fp32 (convolutions are not packed for bf16
-    # instructions, nor is the 10-class matmul).
+    # What the CPU does with it is said, with why: emulated in fp32.
     assert plan.fusion.precision_compute == "emulated" and plan.fusion.precision_note
+    assert plan.fusion.avx512_bf16_convolutions == [] and plan.fusion.bf16_unpacked == []
+
+
+def test_on_avx512_bf16_the_convolutions_go_on_vdpbf16ps_and_the_rest_says_why(tmp_path: Path) -> None:
+    path = tmp_path / "cnn.onnx"
+    onnx.save(build_small_cnn(), path)
+    plan = plan_graph(load_model(path).mod, ZEN4_TARGET, precision="bf16")
+    # All three convolutions: 16 and 32 output channels; the RGB stem's 3 channels filled to 4.
+    assert plan.fusion.avx512_bf16_convolutions == [
+        "conv2d 1x32x32x3 * 16x3x3x3",
+        "conv2d 1x32x32x16 * 32x3x3x16",
+        "conv2d 1x16x16x32 * 32x3x3x32",
+    ]
+    assert not _calls(plan.prepared, "relax.nn.conv2d")
+    assert plan.fusion.bf16_unpacked == [
+        "matmul 1x32 @ 32x10: 10 columns, 32 deep (vdpbf16ps: multiples of 16, 2)"
+    ]
+    assert plan.fusion.precision_compute == "mixed"
+    assert plan.fusion.precision_note.startswith("3 of 4 on AVX512-BF16 (vdpbf16ps")
+    assert sum("dpbf16_conv2d" in t.name for t in plan.infos) == 3
 
 
 @pytest.mark.parametrize(("policy", "model", "shape"), [
@@ -113,9 +136,7 @@ def test_an_unknown_precision_is_refused() -> None:
 def test_bf16_on_a_cpu_with_avx512_bf16_and_nothing_packed_says_why() -> None:
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
     avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
-    assert (
-        "avx512bf16, but no operator is a matmul whose weight packs" in precision_compute("bf16", zen4).note
-    )
+    assert "avx512bf16, but no operator's weight packs" in precision_compute("bf16", zen4).note
     assert "no AVX512-BF16" in precision_compute("bf16", avx2).note
     assert precision_compute("as-is", zen4).mode == ""
 

@@ -77,37 +77,44 @@ def pack_matmul_weight(weight: np.ndarray, pair: int = VNNI_DEPTH, lanes: int = 
     return np.ascontiguousarray(weight.reshape(k // pair, pair, n // lanes, lanes).transpose(2, 0, 3, 1))
 
 
-def pack_conv_weight(weight: np.ndarray, lanes: int = VNNI_LANES) -> np.ndarray:
-    """``W[O, KH, KW, C]`` (OHWI) -> ``Wp[O/lanes, KH, KW, C/4, lanes, 4]``."""
+def pack_conv_weight(weight: np.ndarray, lanes: int = VNNI_LANES, pair: int = VNNI_DEPTH) -> np.ndarray:
+    """``W[O, KH, KW, C]`` (OHWI) -> ``Wp[O/lanes, KH, KW, C/pair, lanes, pair]`` (VNNI: pair 4; bf16: 2)."""
     o, kh, kw, c = weight.shape
-    blocked = weight.reshape(o // lanes, lanes, kh, kw, c // VNNI_DEPTH, VNNI_DEPTH)
+    blocked = weight.reshape(o // lanes, lanes, kh, kw, c // pair, pair)
     return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1, 5))
 
 
-def matmul_kernel(x: Any, packed: Any) -> Any:
-    """``out[..., n] = sum_k int32(x[..., k]) * int32(Wp[n // L, k // 4, n % L, k % 4])``, ``L`` the packed
-    weight's lanes (its third dimension)."""
+def matmul_kernel(x: Any, packed: Any, dtype: str = "int32", name: str = "vnni_matmul") -> Any:
+    """``out[..., n] = sum_k dtype(x[..., k]) * dtype(Wp[n // L, k // P, n % L, k % P])``, ``L`` and ``P``
+    the packed weight's lanes and pair (its last two dimensions), its block ``name``."""
     reduce = te.reduce_axis((0, x.shape[-1]), name="k")
-    lanes = int(packed.shape[2])
+    lanes, pair = (int(d) for d in packed.shape[2:])
     channels = packed.shape[0] * lanes
 
     def body(*index: Any) -> Any:
         *outer, n = index
-        w = packed[n // lanes, reduce // VNNI_DEPTH, n % lanes, reduce % VNNI_DEPTH]
-        return te.sum(x[(*outer, reduce)].astype("int32") * w.astype("int32"), axis=reduce)
+        w = packed[n // lanes, reduce // pair, n % lanes, reduce % pair]
+        return te.sum(x[(*outer, reduce)].astype(dtype) * w.astype(dtype), axis=reduce)
 
-    return te.compute((*x.shape[:-1], channels), body, name="vnni_matmul")
+    return te.compute((*x.shape[:-1], channels), body, name=name)
 
 
-def conv2d_kernel(x: Any, packed: Any, strides: tuple[int, int], dilation: tuple[int, int]) -> Any:
-    """NHWC ``out[b, h, w, o] = sum int32(x[b, h*sh + i*dh, w*sw + j*dw, c]) * int32(Wp[o // L, i, j, c // 4,
-    o % L, c % 4])`` over the window (``i``, ``j``) and the channels ``c``, ``L`` the packed weight's lanes
-    (its fifth dimension), of an input padded already:
+def conv2d_kernel(
+    x: Any,
+    packed: Any,
+    strides: tuple[int, int],
+    dilation: tuple[int, int],
+    dtype: str = "int32",
+    name: str = "vnni_conv2d",
+) -> Any:
+    """NHWC ``out[b, h, w, o] = sum dtype(x[b, h*sh + i*dh, w*sw + j*dw, c]) * dtype(Wp[o // L, i, j, c // P,
+    o % L, c % P])`` over the window (``i``, ``j``) and the channels ``c``, ``L`` and ``P`` the packed
+    weight's lanes and pair (its last two dimensions), of an input padded already:
     a padding stage in the kernel would be inlined into the products, which then no longer match the
     intrinsic."""
     batch, height, width, channels = (int(d) for d in x.shape)
     blocks, kh, kw = (int(d) for d in packed.shape[:3])
-    lanes = int(packed.shape[4])
+    lanes, pair = (int(d) for d in packed.shape[4:])
     (sh, sw), (dh, dw) = strides, dilation
     out_h = (height - (kh - 1) * dh - 1) // sh + 1
     out_w = (width - (kw - 1) * dw - 1) // sw + 1
@@ -116,11 +123,49 @@ def conv2d_kernel(x: Any, packed: Any, strides: tuple[int, int], dilation: tuple
     rc = te.reduce_axis((0, channels), name="rc")
 
     def body(b: Any, h: Any, w: Any, o: Any) -> Any:
-        value = x[b, h * sh + ri * dh, w * sw + rj * dw, rc].astype("int32")
-        weight = packed[o // lanes, ri, rj, rc // VNNI_DEPTH, o % lanes, rc % VNNI_DEPTH]
-        return te.sum(value * weight.astype("int32"), axis=[ri, rj, rc])
+        value = x[b, h * sh + ri * dh, w * sw + rj * dw, rc].astype(dtype)
+        weight = packed[o // lanes, ri, rj, rc // pair, o % lanes, rc % pair]
+        return te.sum(value * weight.astype(dtype), axis=[ri, rj, rc])
 
-    return te.compute((batch, out_h, out_w, blocks * lanes), body, name="vnni_conv2d")
+    return te.compute((batch, out_h, out_w, blocks * lanes), body, name=name)
+
+
+def conv2d_layout_misfit(call: relax.Call) -> str | None:
+    """Why a conv2d call cannot go on a packed kernel (its layouts, its groups), or None."""
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts != ("NHWC", "OHWI", "NHWC"):
+        return f"its layouts are {'/'.join(layouts)} (NHWC/OHWI/NHWC is packed)"
+    if int(attrs.groups) != 1:
+        return f"it is grouped ({int(attrs.groups)} groups)"
+    return None
+
+
+def emit_packed_conv2d(
+    builder: relax.BlockBuilder,
+    call: relax.Call,
+    packed: relax.Expr,
+    dtype: str,
+    name: str,
+    mark: str,
+    extra_channels: int = 0,
+) -> relax.Expr:
+    """Emit the NHWC conv2d ``call`` as :func:`conv2d_kernel` over the ``packed`` weight (block ``name``
+    marked ``mark``), its input padded with zeros as the convolution pads, in a kernel of its own, and by
+    ``extra_channels`` zero channels (those the packed weight holds as zeros to fill its last pair)."""
+    attrs = call.attrs
+    strides = tuple(int(s) for s in attrs.strides)
+    dilation = tuple(int(d) for d in attrs.dilation)
+    top, left, bottom, right = (int(p) for p in attrs.padding)
+    x = call.args[0]
+    if any((top, left, bottom, right, extra_channels)):
+        widths = [0, 0, top, bottom, left, right, 0, extra_channels]
+        x = builder.emit(relax.op.nn.pad(x, widths, "constant", 0.0))
+
+    def kernel(data: Any, w: Any) -> Any:
+        return conv2d_kernel(data, w, strides, dilation, dtype, name)
+
+    return emit_marked_kernel(builder, kernel, [x, packed], name, mark)
 
 
 def emit_marked_kernel(
@@ -175,29 +220,14 @@ class _VnniMutator(relax.PyExprMutator):
         return self._emit(call, matmul_kernel, [call.args[0], packed], "vnni_matmul")
 
     def _conv2d(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
-        attrs = call.attrs
-        layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-        if layouts != ("NHWC", "OHWI", "NHWC"):
-            return self._declined(call, f"its layouts are {'/'.join(layouts)} (NHWC/OHWI/NHWC is packed)")
-        if int(attrs.groups) != 1:
-            return self._declined(call, f"it is grouped ({int(attrs.groups)} groups)")
-        why = _block_misfit(weight.shape[0], weight.shape[3], "output channels", "input channels", self.lanes)
+        why = conv2d_layout_misfit(call) or _block_misfit(
+            weight.shape[0], weight.shape[3], "output channels", "input channels", self.lanes
+        )
         if why:
             return self._declined(call, why)
+        self.report.packed.append(describe_core(call))
         packed = relax.const(pack_conv_weight(weight, self.lanes), "int8")
-        strides = tuple(int(s) for s in attrs.strides)
-        dilation = tuple(int(d) for d in attrs.dilation)
-        top, left, bottom, right = (int(p) for p in attrs.padding)
-        x = call.args[0]
-        if any((top, left, bottom, right)):  # zeros, as conv2d pads, in a kernel of its own
-            x = self.builder_.emit(
-                relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0], "constant", 0.0)
-            )
-
-        def kernel(data: Any, w: Any) -> Any:
-            return conv2d_kernel(data, w, strides, dilation)
-
-        return self._emit(call, kernel, [x, packed], "vnni_conv2d")
+        return emit_packed_conv2d(self.builder_, call, packed, "int32", "vnni_conv2d", VNNI_BLOCK)
 
     def _emit(self, call: relax.Call, kernel: Any, args: list[relax.Expr], name: str) -> relax.Expr:
         self.report.packed.append(describe_core(call))

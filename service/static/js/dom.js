@@ -130,6 +130,7 @@ export function quantizationNote(fusion) {
 export function precisionNote(fusion) {
   if (!fusion.precision || fusion.precision === "as-is") return null;
   const reduced = fusion.reduced_ops || [];
+  const onAvx512Bf16 = [...(fusion.avx512_bf16_matmuls || []), ...(fusion.avx512_bf16_convolutions || [])];
   if (!reduced.length) return h("p", { id: "precision" }, `Precision ${fusion.precision}: no float matmul or convolution to reduce.`);
   return h("div", { class: "precision", id: "precision" },
     h("p", {}, `Precision ${fusion.precision}: ${reduced.length} matmul/convolution${reduced.length === 1 ? "" : "s"} on ${fusion.precision} operands with fp32 accumulation, `
@@ -138,8 +139,9 @@ export function precisionNote(fusion) {
     (fusion.amx_bf16_matmuls || []).length
       ? h("p", { id: "amx-bf16" }, `On AMX-BF16 tiles (tdpbf16ps): ${fusion.amx_bf16_matmuls.join("; ")}`)
       : null,
-    (fusion.avx512_bf16_matmuls || []).length
-      ? h("p", { id: "avx512-bf16" }, `On AVX512-BF16 (vdpbf16ps): ${fusion.avx512_bf16_matmuls.join("; ")}`)
+    onAvx512Bf16.length ? h("p", { id: "avx512-bf16" }, `On AVX512-BF16 (vdpbf16ps): ${onAvx512Bf16.join("; ")}`) : null,
+    (fusion.bf16_unpacked || []).length
+      ? h("p", { id: "bf16-unpacked" }, `On no bf16 instruction: ${fusion.bf16_unpacked.join("; ")}`)
       : null);
 }
 
