@@ -161,11 +161,11 @@ def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) 
     found = store.best_record(task.workload_id, job.target_key, scope)
     if found is None:
         raise NotFound(f"task '{task.name}' has no successfully measured schedule yet")
+    # A VNNI, AMX or vdpbf16ps kernel's trace tensorizes: its intrinsic is looked up as the trace is read.
+    register_cpu_tensor_intrinsics(amx="kiln_amx_" in found.record_json)
     record_data = json.loads(found.record_json)
     workload = ms.database.Workload.from_json(json.loads(found.workload_json))
     record = ms.database.TuningRecord.from_json(record_data, workload)
-    # A VNNI or AMX kernel's trace tensorizes.
-    register_cpu_tensor_intrinsics(amx="kiln_amx_" in found.record_json)
     sch = s_tir.Schedule(workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     latency_us = found.mean_run_sec * 1e6

@@ -77,9 +77,7 @@ def precision_compute(
         said = "; ".join(native)
         if on_amx + on_dot >= reduced:
             return PrecisionCompute("native", said)
-        return PrecisionCompute(
-            "mixed", f"{said}; the others (bf16_unpacked says why): {widened}"
-        )
+        return PrecisionCompute("mixed", f"{said}; the others (bf16_unpacked says why): {widened}")
     if policy == "bf16":
         has = sorted(features & {"avx512bf16", "amx-bf16"})
         if has:

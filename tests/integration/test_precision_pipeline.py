@@ -5,6 +5,8 @@ and an artifact plain TVM loads."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -27,6 +29,19 @@ from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
 
 pytestmark = pytest.mark.slow
+
+#: A task's best schedule in a fresh interpreter: data dir, job id, task id.
+SHOW_BEST = """
+import sys
+from pathlib import Path
+from tuner.inspection import best_schedule
+from tuner.settings import Settings
+from tuner.store import Store
+store = Store(Settings(data_dir=Path(sys.argv[1]), database_url=None).resolved_database_url)
+job = store.get_job(sys.argv[2])
+(task,) = [t for t in store.list_tasks(job.id) if t.id == int(sys.argv[3])]
+print(best_schedule(store, job, task).tir)
+"""
 
 
 def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
@@ -141,6 +156,14 @@ def test_a_bf16_cnn_job_on_an_avx512_bf16_cpu_computes_its_convolutions_on_vdpbf
     assert unpacked.startswith("matmul 1x32 @ 32x10:")
     conv = max((t for t in result.tasks if "dpbf16_conv2d" in t.name), key=lambda t: t.flops)
     assert "kiln_dpbf16ps_16x2" in best_schedule(sqlite_store, result.job, conv).tir
+    # As the service shows it, in a process that has registered no intrinsic before reading the trace.
+    shown = subprocess.run(
+        [sys.executable, "-c", SHOW_BEST, str(tmp_path), result.job.id, str(conv.id)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert shown.returncode == 0 and "kiln_dpbf16ps_16x2" in shown.stdout, shown.stderr[-2000:]
     (out,) = result.job.accuracy.outputs  # type: ignore[union-attr]
     assert out.relative_error is not None and 0 < out.relative_error <= RELATIVE_TOLERANCE["bf16"]
 
