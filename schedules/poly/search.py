@@ -198,9 +198,16 @@ def seed_schedules(context: Any, machine: MachineModel, count: int, seed: int = 
         for traced, ranked in blocks:
             for inst, factors in zip(traced.instructions, ranked[rank].factors, strict=True):
                 trace = trace.with_decision(inst, list(factors), True)
-        sch = s_tir.Schedule(mod, seed=seed + rank + 1, debug_mask="all")
-        trace.apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        if all(p.apply(sch) for p in postprocs):
+        # Without debug verification, as MetaSchedule samples its own candidates: its cached-flag check
+        # rejects a sound schedule whose epilogue is predicated (a 1000-wide bias add in blocks of 64).
+        sch = s_tir.Schedule(mod, seed=seed + rank + 1)
+        try:
+            trace.apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            applied = all(p.apply(sch) for p in postprocs)
+        except (RuntimeError, ValueError) as error:  # a seed that cannot be built is no seed
+            log.warning("seed %d of %s dropped: %s", rank, context.task_name, str(error).splitlines()[0])
+            continue
+        if applied:
             seeds.append(sch)
     return seeds

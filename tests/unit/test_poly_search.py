@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from kiln_tvm import ms, tvm
 from schedules.poly.caches import CacheHierarchy, CacheLevel
 from schedules.poly.extract import extract_program
@@ -120,6 +122,26 @@ def test_seeds_carry_the_ranked_tilings_and_build() -> None:
     best = rank_tilings(statement, "SSRSRS", MachineModel(16, 2, CACHES), 3)
     assert {traced_tilings(s.trace)[0].factors for s in seeds} == {t.factors for t in best}
     tvm.compile(seeds[0].mod, target=TARGET)  # postprocessed: it builds
+
+
+def test_seeds_of_a_classifier_with_a_predicated_bias_add_build_and_compute_it() -> None:
+    # 1000 classes: the bias add's vector blocks are predicated, which the schedule's debug verification
+    # took for an error (it failed the whole job of every ResNet under cpu-poly).
+    a = te.placeholder((1, 512), name="a")
+    w = te.placeholder((512, 1000), name="w")
+    b = te.placeholder((1000,), name="b")
+    k = te.reduce_axis((0, 512), name="k")
+    mm = te.compute((1, 1000), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="matmul")
+    out = te.compute((1, 1000), lambda i, j: mm[i, j] + b[j], name="T_add")
+    func = te.create_prim_func([a, w, b, out]).with_attr("layout_free_buffers", [1, 2])
+    seeds = seed_schedules(_context(tvm.IRModule({"main": func})), MachineModel(16, 2, CACHES), 3)
+    assert seeds
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(shape).astype(np.float32) for shape in ((1, 512), (512, 1000), (1000,))]
+    for sch in seeds:
+        result = tvm.runtime.tensor(np.zeros((1, 1000), np.float32))
+        tvm.compile(sch.mod, target=TARGET)(*(tvm.runtime.tensor(x) for x in args), result)
+        np.testing.assert_allclose(result.numpy(), args[0] @ args[1] + args[2], rtol=1e-4, atol=1e-4)
 
 
 def test_the_pruner_rejects_overflowing_tiles_softly_and_counts() -> None:
