@@ -168,6 +168,17 @@ def start_run(script: str) -> tuple[str, Path, dict[str, Any]]:
     return run_stamp, WORK / f"{script}-{run_stamp}", mach
 
 
+def kernel_sum(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Σ weight x best measured latency over the tuned tasks (ms), and the tasks without a measurement."""
+    tasks = manifest.get("tasks", [])
+    measured = [t for t in tasks if t.get("best_latency_us") is not None]
+    return {
+        "sum_ms": sum(t["weight"] * t["best_latency_us"] for t in measured) / 1e3,
+        "tasks": len(tasks),
+        "unmeasured": [t["name"] for t in tasks if t.get("best_latency_us") is None],
+    }
+
+
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     """A markdown table."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from _kiln import KilnRun, tune
-from _report import chosen_models, command_line, fmt, load_line, start_run, table, write_json
+from _report import chosen_models, command_line, fmt, kernel_sum, load_line, start_run, table, write_json
 from _timing import Reps, interleaved, load_outputs, reps_for, save_inputs, time_in_fresh_process
 from torch import nn
 
@@ -194,6 +194,7 @@ def bench_model(name: str, time_s: float, reps: Reps, work: Path, seed: int, pea
         "kiln_int8_vs_ort_fp32_max_abs": float(np.abs(kiln_out - ort_fp32).max()),
         "quantization": kiln_int8.manifest.get("quantization", {}),
         "hottest_int8_kernel": hottest_kernel(kiln_int8, peak_gops),
+        "kernels": {"int8": kernel_sum(kiln_int8.manifest), "fp32": kernel_sum(kiln_fp32.manifest)},
         "trials": {"int8": kiln_int8.trials_done, "fp32": kiln_fp32.trials_done},
         "kiln": {
             "int8": {k: v for k, v in vars(kiln_int8).items() if k != "inputs"},
@@ -209,6 +210,7 @@ def report(results: list[dict[str, Any]]) -> str:
         "Kiln fp32 / Kiln int8",
         "Kiln int8 - ort int8 (steps)",
         "trials int8/fp32",
+        "Kiln int8 e2e / Σ kernels",
     ]
     rows = []
     for res in results:
@@ -221,6 +223,7 @@ def report(results: list[dict[str, Any]]) -> str:
                 f"{runs['kiln-fp32']['over_kiln_int8']:.2f}",
                 f"{res['kiln_int8_vs_ort_int8_steps']:.1f}",
                 f"{res['trials']['int8']}/{res['trials']['fp32']}",
+                _e2e_over_kernels(runs["kiln-int8"]["ms"], res.get("kernels", {}).get("int8")),
             ]
         )
     lines = [table(headers, rows), ""]
@@ -239,6 +242,13 @@ def report(results: list[dict[str, Any]]) -> str:
                 f"{fmt(hot['gops'], '.1f')} GOP/s = {fmt(hot['fraction_of_peak'], '.2f')} of the int8 peak"
             )
     return "\n".join(lines)
+
+
+def _e2e_over_kernels(e2e_ms: float, kernels: dict[str, Any] | None) -> str:
+    """Kiln's end-to-end latency over Σ weight x best kernel latency (1.00: no time outside the kernels)."""
+    if not kernels or not kernels["sum_ms"]:
+        return "-"
+    return f"{e2e_ms / kernels['sum_ms']:.2f} ({fmt(kernels['sum_ms'])} ms)"
 
 
 def int8_peak(mach: dict[str, Any]) -> tuple[float | None, str]:

@@ -28,7 +28,17 @@ from typing import Any
 
 from _full_models import MODELS, export
 from _kiln import tune
-from _report import chosen_models, command_line, fmt, load_line, manifest_line, start_run, table, write_json
+from _report import (
+    chosen_models,
+    command_line,
+    fmt,
+    kernel_sum,
+    load_line,
+    manifest_line,
+    start_run,
+    table,
+    write_json,
+)
 from _timing import Reps, interleaved, load_outputs, reps_for, save_inputs, time_in_fresh_process
 from kernel_peak import gemm_kernels
 from kernel_peak import report as peak_report
@@ -108,17 +118,6 @@ def bench_model(
         "kernels": kernel_sum(kiln.manifest),
         "gemm_kernels": gemm_kernels(work / name / "kiln", kiln.job_id),
         "kiln": {k: v for k, v in vars(kiln).items() if k != "inputs"},
-    }
-
-
-def kernel_sum(manifest: dict[str, Any]) -> dict[str, Any]:
-    """Σ weight x best measured latency over the tuned tasks (ms), and the tasks without a measurement."""
-    tasks = manifest.get("tasks", [])
-    measured = [t for t in tasks if t.get("best_latency_us") is not None]
-    return {
-        "sum_ms": sum(t["weight"] * t["best_latency_us"] for t in measured) / 1e3,
-        "tasks": len(tasks),
-        "unmeasured": [t["name"] for t in tasks if t.get("best_latency_us") is None],
     }
 
 

@@ -161,9 +161,7 @@ class FusionSummary:
     reduced_ops: list[str] = field(default_factory=list)  # "matmul 32x512 @ 512x2048 -> bf16"
     amx_bf16_matmuls: list[str] = field(default_factory=list)  # "matmul 128x256 @ 256x1024"
     avx512_bf16_matmuls: list[str] = field(default_factory=list)  # on vdpbf16ps: "matmul 4x256 @ 256x512"
-    avx512_bf16_convolutions: list[str] = field(
-        default_factory=list
-    )  # on vdpbf16ps: "conv2d 1x56x56x64 * ..."
+    avx512_bf16_convolutions: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
     bf16_unpacked: list[str] = field(default_factory=list)  # bf16 operators on no bf16 instruction: why
     precision_compute: str = ""
     precision_note: str = ""

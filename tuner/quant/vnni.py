@@ -17,7 +17,8 @@ the 256-bit ``vpdpbusd ymm`` instead of 16):
 The NHWC input gives the 4 consecutive channels and the NHWC output the 16 consecutive channels the
 instruction reads and writes. Each kernel's block is marked :data:`schedules.vnni.VNNI_BLOCK`, the only
 blocks the cpu spaces tensorize. The others (a first convolution over 3 channels, a grouped one) keep
-their integer kernels and plain tiling.
+their integer kernels and plain tiling. The kernels take their pair and accumulation type from the caller:
+the bf16 pass (:mod:`tuner.bf16_amx`) emits its ``vdpbf16ps`` matmuls and convolutions with them.
 """
 
 from __future__ import annotations
