@@ -1,4 +1,4 @@
-"""Browsing commands: ``jobs``, ``status``, ``models`` and ``export`` read what the store holds."""
+"""Browsing commands: ``jobs``, ``status``, ``ir``, ``models`` and ``export`` read what the store holds."""
 
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ from cli.app import app, current_settings, open_store
 from cli.render import (
     console,
     fmt,
+    ir_change,
+    ir_table,
+    mix_line,
     print_accuracy,
     print_latency_report,
     print_outcome,
     print_tuning_time,
     task_table,
 )
-from tuner.errors import KilnError
+from tuner.errors import KilnError, NotFound
 
 
 @app.command()
@@ -60,6 +63,43 @@ def status(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
     print_outcome(job)
     print_latency_report(job.latency_report)
     print_accuracy(job.accuracy)
+
+
+@app.command()
+def ir(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    level: Annotated[
+        str | None,
+        typer.Argument(help="A level's position or pass name: print its program (default: list them)"),
+    ] = None,
+    asm: Annotated[
+        str | None,
+        typer.Option(help="A task (its # in `kiln status`, or its name): print its kernel's assembly"),
+    ] = None,
+) -> None:
+    """Show a job's lowering: the program as imported, then after each graph pass with what it changed; or
+    one level's program as TVMScript; or one kernel's assembly with its instruction mix."""
+    from tuner.inspection import ir_level, ir_levels
+
+    store = open_store()
+    job = store.get_job(job_id)
+    if asm is not None:
+        tasks = store.list_tasks(job.id)
+        task = next((t for i, t in enumerate(tasks) if asm in (str(i), t.name)), None)
+        if task is None:
+            raise NotFound(f"job '{job.id}' has no task {asm!r} (give its # in `kiln status` or its name)")
+        kernel = store.get_task_assembly(task.id)
+        console.print(f"# {kernel.name}: {mix_line(kernel.mix)}", markup=False, highlight=False)
+        sys.stdout.write(kernel.text)
+        return
+    if level is None:
+        console.print(ir_table(ir_levels(store, job), job.id))
+        return
+    found = ir_level(store, job, level)
+    console.print(
+        f"# level {found.position}: {found.name}: {ir_change(found)}", markup=False, highlight=False
+    )
+    sys.stdout.write(found.text if found.text.endswith("\n") else found.text + "\n")
 
 
 @app.command()

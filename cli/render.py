@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.durations import format_duration
-from tuner.entities import AccuracyReport, FusionSummary, Job, LatencyReport, Task
+from tuner.entities import AccuracyReport, FusionSummary, IrLevel, Job, LatencyReport, Task
 
 if TYPE_CHECKING:
     from rich.progress import Task as ProgressTask
@@ -44,6 +44,46 @@ def task_table(tasks: list[Task], title: str) -> Table:
             str(t.trials),
             fmt(t.best_latency_us),
             fmt(gflops(t.flops, t.best_latency_us)),
+        )
+    return table
+
+
+def ir_change(level: IrLevel) -> str:
+    """What one pass did to the program, in a few words."""
+    if level.position == 0:
+        return f"{level.operators_after} operators as imported"
+    if not level.changed:
+        return "no change"
+    kinds = ", ".join(f"{op.removeprefix('relax.')} {d:+d}" for op, d in level.delta.items())
+    counts = f"{level.operators_before} -> {level.operators_after} operators"
+    return f"{counts}: {kinds}" if kinds else f"{counts}; the program changed"
+
+
+def mix_line(mix: dict[str, Any]) -> str:
+    """A kernel's instruction mix in one line: FMAs by width, dot products, the widest vector."""
+    fma = ", ".join(f"{n} {kind}" for kind, n in mix.get("fma", {}).items() if n) or "none"
+    dots = ", ".join(f"{n} {name}" for name, n in mix.get("dot_products", {}).items())
+    widest = mix.get("widest_vector_bits", 0)
+    return (
+        f"{mix.get('instructions', 0)} instructions; FMAs: {fma}"
+        + (f"; dot products: {dots}" if dots else "")
+        + f"; widest vector {widest} bits"
+    )
+
+
+def ir_table(levels: list[IrLevel], job_id: str) -> Table:
+    """A job's lowering: one row per level (``kiln ir JOB LEVEL`` prints a level's program)."""
+    table = Table(title=f"lowering of job {job_id} (kiln ir {job_id} LEVEL prints one)")
+    for col in ("#", "pass", "change", "kernels", "TIR funcs", "s"):
+        table.add_column(col, justify="left" if col in ("pass", "change") else "right")
+    for level in levels:
+        table.add_row(
+            str(level.position),
+            level.name,
+            escape(ir_change(level)),
+            str(level.kernels),
+            str(level.prim_funcs),
+            f"{level.seconds:.2f}",
         )
     return table
 

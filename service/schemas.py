@@ -446,6 +446,48 @@ class GraphOut(EntityOut):
     graph: str = Field(description="The Relax program after Kiln's passes and fusion, as TVMScript")
 
 
+class IrLevelOut(EntityOut):
+    position: int = Field(description="0: the program as imported; then one level per graph pass, in order")
+    name: str = Field(
+        description="'imported', or the pass (ConvertLayout, FoldConstant, LegalizeOps, FuseOps...)"
+    )
+    changed: bool = Field(
+        description="Whether the pass changed the program (false: same text as the level before)"
+    )
+    operators_before: int
+    operators_after: int
+    histogram: dict[str, int] = Field(description="Relax operator calls by kind after the pass")
+    delta: dict[str, int] = Field(
+        description="Change of each kind's count by the pass (after - before; nonzero)"
+    )
+    kernels: int = Field(description="Calls of TIR kernels (call_tir) after the pass")
+    prim_funcs: int = Field(description="TIR functions in the module after the pass")
+    seconds: float = Field(description="How long the pass ran")
+
+
+class IrLevelTextOut(IrLevelOut):
+    text: str = Field(description="The program's Relax functions after the pass, as TVMScript")
+
+
+class InstructionMixOut(BaseModel):
+    instructions: int = Field(description="Instructions in the kernel's functions")
+    fma: dict[str, int] = Field(
+        description="Floating-point FMAs by register width: zmm (512-bit), ymm (256), xmm (128), scalar"
+    )
+    dot_products: dict[str, int] = Field(
+        description="Dot-product and tile instructions: vpdpbusd (VNNI), vdpbf16ps (AVX512-BF16), tdpbusd/"
+        "tdpbf16ps (AMX)"
+    )
+    widest_vector_bits: int = Field(description="The widest vector register the kernel uses (0: none)")
+
+
+class KernelAssemblyOut(EntityOut):
+    task_id: int
+    name: str
+    mix: InstructionMixOut
+    text: str = Field(description="The kernel's x86 assembly as compiled into the job's model (LLVM)")
+
+
 class BestOut(EntityOut):
     task_id: int
     name: str

@@ -33,6 +33,12 @@ def build_tuned(plan: GraphPlan, target: Target, database: Any) -> Any:
     return tvm.compile(mod, target=target)
 
 
+def model_assembly(executable: Any) -> str:
+    """The assembly LLVM generates for a compiled model's kernels ("" when it has no LLVM module)."""
+    sources = [m.inspect_source("asm") for m in executable.mod.imports if m.kind == "llvm"]
+    return "".join(sources)
+
+
 def build_untuned(imported: tvm.IRModule, target: Target) -> Any:
     """What a user gets from plain ``tvm.compile`` of the imported model: TVM's untuned baseline."""
     return tvm.compile(imported, target=target)

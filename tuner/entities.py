@@ -126,6 +126,36 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
+class IrLevel:
+    """One level of a model's lowering: the Relax program after one of Kiln's graph passes (or as
+    imported, or fused), and what that pass changed."""
+
+    position: int  # 0: as imported; then one per pass, in the order they ran
+    name: str  # "imported", "ConvertLayout", "FoldConstant", "FuseOps", ...
+    text: str  # the program's Relax functions as TVMScript ("" when unchanged: see ``changed``)
+    changed: bool  # False: the pass left the program as the level before (its text is that level's)
+    operators_before: int
+    operators_after: int
+    #: Relax operator calls by kind after the pass, and their change by kind (after - before; nonzero only).
+    histogram: dict[str, int] = field(default_factory=dict)
+    delta: dict[str, int] = field(default_factory=dict)
+    kernels: int = 0  # calls of TIR kernels (call_tir) after the pass
+    prim_funcs: int = 0  # TIR functions in the module after the pass
+    seconds: float = 0.0  # how long the pass ran
+
+
+@dataclass(frozen=True)
+class KernelAssembly:
+    """A task's kernel as the CPU runs it: its assembly in the job's compiled model and what it uses
+    (:func:`tuner.assembly.instruction_mix`)."""
+
+    task_id: int
+    name: str
+    text: str
+    mix: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class KeptFloat:
     """A quantized operator of the model that Kiln left in float, and why."""
 

@@ -20,7 +20,8 @@ from schedules.amx import amx_kinds
 from schedules.poly.caches import UNKNOWN, CacheHierarchy, host_caches, parse_cache_spec
 from schedules.spaces import SpaceOptions, check_space, default_space_name, get_space
 from tuner.artifact import export_library, pack_artifact
-from tuner.compile import build_tuned, build_untuned, random_inputs
+from tuner.assembly import instruction_mix, kernel_assembly, split_functions
+from tuner.compile import build_tuned, build_untuned, model_assembly, random_inputs
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
 from tuner.errors import InvalidSpec, KilnError, MissingInputShape, TuningFailed
 from tuner.frontend import check_given_shape, load_model
@@ -252,11 +253,13 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
                 settings.cpu_conv_layout,
                 settings.fast_math,
                 spec.precision,
+                record_levels=True,
             )
     except Exception as exc:
         if is_out_of_memory(exc):
             raise SandboxLimits.from_settings(settings).too_much_memory() from None
         raise
+    store.set_ir_levels(job.id, plan.levels)
     scope = settings.record_scope(job.owner)
     database = KilnDatabase(store, job.target_key, job_id=job.id, owner=scope)
     recorder.planned(_register_tasks(store, job, plan, database, scope), plan.fusion, spec.trials or 0)
@@ -287,6 +290,7 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     recorder.stage("compiling")
     build_dir = settings.jobs_dir / job.id / "build"
     tuned_exe = build_tuned(plan, target, database)
+    _keep_assembly(store, store.list_tasks(job.id), model_assembly(tuned_exe))
     tuned_lib = export_library(tuned_exe, build_dir / "model.so", amx=bool(amx_kinds(target)))
     comparisons: list[Comparison] = []
     latency = Latencies()
@@ -321,6 +325,15 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     artifact = recorder.artifact(str(packed.path.resolve()), packed.sha256, packed.size_bytes)
     recorder.succeeded(latency, accuracy)
     return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
+
+
+def _keep_assembly(store: Store, tasks: list[Task], asm: str) -> None:
+    """Keep each task's kernel as compiled into the model, with its instruction mix."""
+    functions = split_functions(asm)
+    for task in tasks:
+        text = kernel_assembly(functions, task.name)
+        if text:
+            store.set_task_assembly(task.id, text, instruction_mix(text))
 
 
 def _float_reference(store: Store, settings: Settings, spec: JobSpec, target: Any) -> FloatReference | None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
@@ -13,7 +12,8 @@ from schedules.amx import fits_amx_tiles, has_amx_bf16, has_amx_int8
 from schedules.vnni import has_avx512_bf16, vnni_lanes
 from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
 from tuner.elementwise import elementwise_as_operators
-from tuner.entities import FusionSummary, TaskInfo
+from tuner.entities import FusionSummary, IrLevel, TaskInfo
+from tuner.lowering import LevelRecorder, kernel_calls, operator_histogram, recording_levels
 from tuner.precision import PrecisionReport, precision_compute, reduce_precision
 from tuner.quant.qdq import QuantReport, lower_qdq
 from tuner.quant.vnni import VnniReport, keep_packed_layouts, pack_for_vnni
@@ -33,6 +33,8 @@ class GraphPlan:
     infos: list[TaskInfo]
     fusion: FusionSummary
     weight_prepack: bool
+    #: The program as imported, then after each graph pass (with ``record_levels``; else empty).
+    levels: list[IrLevel] = field(default_factory=list)
 
 
 CONV_LAYOUTS = {"NHWC": {"relax.nn.conv2d": ["NHWC", "OHWI"]}}
@@ -92,20 +94,6 @@ def inference_passes(
     )
 
 
-def operator_histogram(mod: tvm.IRModule) -> dict[str, int]:
-    """Count the Relax operator calls (``relax.nn.conv2d``...) in every Relax function of ``mod``."""
-    counts: Counter[str] = Counter()
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            counts[str(expr.op.name)] += 1
-
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func.body, visit)
-    return dict(counts)
-
-
 def is_cpu_target(target: Target) -> bool:
     """CPU targets get NHWC convolutions and compile-time weight re-layout (MetaSchedule's RewriteLayout)."""
     return "cpu" in [str(k) for k in target.keys]
@@ -118,11 +106,6 @@ def lower_graph(prepared: tvm.IRModule, target: Target, weight_prepack: bool) ->
         if weight_prepack:
             lowered = keep_packed_layouts(relax.transform.AttachAttrLayoutFreeBuffers()(lowered))
     return lowered
-
-
-def _kernel_calls(lowered: tvm.IRModule) -> int:
-    hist = operator_histogram(lowered)
-    return sum(n for op, n in hist.items() if op in ("relax.call_tir", "relax.call_tir_inplace"))
 
 
 def describe_task(task: Any) -> TaskInfo:
@@ -144,6 +127,7 @@ def plan_graph(
     cpu_conv_layout: str | None = "NHWC",
     fast_math: bool = True,
     precision: str = "as-is",
+    record_levels: bool = False,
 ) -> GraphPlan:
     """Run Kiln's graph passes on an imported model and extract its tuning tasks.
 
@@ -151,7 +135,8 @@ def plan_graph(
     compile time (it makes the search about twice as slow per trial), and convolutions are converted
     to ``cpu_conv_layout`` ("NCHW" or None keeps the model's layout); ``fast_math`` (CPU) approximates
     exp, erf, tanh and softmax (see :func:`inference_passes`); ``precision`` is the job's policy for float
-    matmuls and convolutions (:mod:`tuner.precision`).
+    matmuls and convolutions (:mod:`tuner.precision`). With ``record_levels``, the plan keeps the program
+    after each graph pass (:mod:`tuner.lowering`).
     """
     cpu = is_cpu_target(target)
     prepack = weight_prepack and cpu
@@ -164,10 +149,12 @@ def plan_graph(
     bf16 = (
         Bf16AmxReport(amx=amx_bf16, dot=dot_bf16) if precision == "bf16" and (amx_bf16 or dot_bf16) else None
     )
-    prepared = inference_passes(
-        cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni, precision, reduced, bf16
-    )(mod)
-    lowered = lower_graph(prepared, target, prepack)
+    recorder = LevelRecorder() if record_levels else None
+    with recording_levels(recorder):
+        prepared = inference_passes(
+            cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni, precision, reduced, bf16
+        )(mod)
+        lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
     infos = [describe_task(t) for t in tasks]
     on_amx = bf16.packed if bf16 is not None else []
@@ -187,7 +174,7 @@ def plan_graph(
     )
     fusion = FusionSummary(
         operators_before=sum(operators.values()),
-        kernels_after=_kernel_calls(lowered),
+        kernels_after=kernel_calls(operator_histogram(lowered)),
         distinct_tasks=len(tasks),
         operator_histogram=operators,
         integer_ops=quant.lowered,
@@ -212,6 +199,7 @@ def plan_graph(
         infos=infos,
         fusion=fusion,
         weight_prepack=prepack,
+        levels=recorder.levels() if recorder is not None else [],
     )
 
 

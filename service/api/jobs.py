@@ -23,11 +23,14 @@ from service.schemas import (
     ErrorOut,
     FusionOut,
     GraphOut,
+    IrLevelOut,
+    IrLevelTextOut,
     JobCurveOut,
     JobCurvePoint,
     JobIn,
     JobOut,
     JobPage,
+    KernelAssemblyOut,
     TaskOut,
 )
 from tuner import inspection
@@ -174,6 +177,29 @@ async def job_graph(request: Request, job_id: str, state: StateDep, owner: Owner
 
 
 @router.get(
+    "/{job_id}/ir",
+    response_model=list[IrLevelOut],
+    responses=ERRORS,
+    summary="The job's lowering: the program as imported, then after each graph pass, with what it changed",
+)
+def job_ir_levels(job_id: str, state: StateDep, owner: OwnerDep) -> list[IrLevelOut]:
+    job = state.store.get_job(job_id, owner)
+    return [IrLevelOut.from_entity(level) for level in inspection.ir_levels(state.store, job)]
+
+
+@router.get(
+    "/{job_id}/ir/{level}",
+    response_model=IrLevelTextOut,
+    responses=ERRORS,
+    summary="One level of the job's lowering, by position or pass name (the first of that name), with its "
+    "program as TVMScript",
+)
+def job_ir_level(job_id: str, level: str, state: StateDep, owner: OwnerDep) -> IrLevelTextOut:
+    job = state.store.get_job(job_id, owner)
+    return IrLevelTextOut.from_entity(inspection.ir_level(state.store, job, level))
+
+
+@router.get(
     "/{job_id}/tasks/{task_id}/polyhedral",
     response_model=PolyhedralOut,
     responses=ERRORS,
@@ -197,6 +223,19 @@ def task_best(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> Be
     task = _task(state.store, job, task_id)
     best = best_schedule(state.store, job, task, state.settings.record_scope(job.owner))
     return BestOut.from_entity(best, task_id=task.id, name=task.name, tir_before=task_tir(state.store, task))
+
+
+@router.get(
+    "/{job_id}/tasks/{task_id}/asm",
+    response_model=KernelAssemblyOut,
+    responses=ERRORS,
+    summary="A task's kernel as the CPU runs it: its assembly in the job's compiled model and its "
+    "instruction mix (vector FMAs by width, dot-product instructions)",
+)
+def task_asm(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> KernelAssemblyOut:
+    job = state.store.get_job(job_id, owner)
+    task = _task(state.store, job, task_id)
+    return KernelAssemblyOut.from_entity(state.store.get_task_assembly(task.id))
 
 
 def _snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:

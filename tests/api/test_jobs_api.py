@@ -161,7 +161,19 @@ def test_events_of_a_finished_job_end_at_once(client: TestClient, mlp_model: dic
 
 
 def test_unknown_job_routes_are_404(client: TestClient) -> None:
-    for path in ("", "/tasks", "/tasks/1/curve", "/tasks/1/best", "/events", "/artifact", "/records"):
+    paths = (
+        "",
+        "/tasks",
+        "/tasks/1/curve",
+        "/tasks/1/best",
+        "/tasks/1/asm",
+        "/events",
+        "/artifact",
+        "/records",
+        "/ir",
+        "/ir/0",
+    )
+    for path in paths:
         response = client.get(f"/api/v1/jobs/nope{path}")
         assert response.status_code == 404, path
         assert response.json()["error"]["kind"] == "not_found"
@@ -200,6 +212,17 @@ def test_a_tuned_job_exposes_tasks_curves_schedules_and_files(
     graph = client.get(f"/api/v1/jobs/{job['id']}/graph").json()
     assert graph["fusion"]["kernels_after"] == 2 and "R.call_tir" in graph["graph"]
 
+    # The lowering, level by level: as imported, then each graph pass, ending in the fused program.
+    levels = client.get(f"/api/v1/jobs/{job['id']}/ir").json()
+    assert levels[0]["name"] == "imported" and [lv["position"] for lv in levels] == list(range(len(levels)))
+    assert "text" not in levels[0]  # listed without their programs
+    fuse = client.get(f"/api/v1/jobs/{job['id']}/ir/FuseTIR").json()
+    assert fuse["changed"] and fuse["kernels"] == 2 and "R.call_tir" in fuse["text"]
+    first = client.get(f"/api/v1/jobs/{job['id']}/ir/0").json()
+    assert "R.matmul" in first["text"] and first["kernels"] == 0
+    missing = client.get(f"/api/v1/jobs/{job['id']}/ir/NoSuchPass")
+    assert missing.status_code == 404 and "0 imported" in missing.json()["error"]["message"]
+
     tasks = client.get(f"/api/v1/jobs/{job['id']}/tasks").json()
     assert len(tasks) == 2 and sum(t["trials"] for t in tasks) == 16
     assert sum(t["share"] for t in tasks) == pytest.approx(1.0)
@@ -220,6 +243,15 @@ def test_a_tuned_job_exposes_tasks_curves_schedules_and_files(
         assert "sch.get_sblock" in best["trace"] and "sch.split" in best["trace"]
         assert "@T.prim_func" in best["tir"] and "@T.prim_func" in best["tir_before"]
         assert best["tir"] != best["tir_before"]
+
+        # The kernel as compiled into the model, as x86 assembly.
+        asm = client.get(f"/api/v1/jobs/{job['id']}/tasks/{task['id']}/asm").json()
+        assert asm["name"] == task["name"] and "_compute_:" in asm["text"]
+        assert asm["mix"]["instructions"] > 0
+    # The 256 x 512 matmul's tuned kernel multiplies with vector FMAs (AVX2 or AVX-512).
+    big = max(tasks, key=lambda t: t["flops"])
+    mix = client.get(f"/api/v1/jobs/{job['id']}/tasks/{big['id']}/asm").json()["mix"]
+    assert mix["fma"]["zmm"] + mix["fma"]["ymm"] > 0 and mix["widest_vector_bits"] >= 256, mix
 
     artifact = client.get(f"/api/v1/jobs/{job['id']}/artifact")
     assert artifact.status_code == 200

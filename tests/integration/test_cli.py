@@ -123,6 +123,17 @@ def test_tune_then_reuse_records_then_export(tmp_path: Path) -> None:
     status = kiln("status", job_id, data_dir=tmp_path)
     assert status.returncode == 0 and "succeeded" in status.stdout
 
+    lowering = kiln("ir", job_id, data_dir=tmp_path)
+    assert lowering.returncode == 0, lowering.stderr
+    assert "imported" in lowering.stdout and "LegalizeOps" in lowering.stdout and "FuseTIR" in lowering.stdout
+    fused = kiln("ir", job_id, "FuseTIR", data_dir=tmp_path)
+    assert fused.returncode == 0 and fused.stdout.startswith("# level ") and "R.call_tir" in fused.stdout
+    unknown = kiln("ir", job_id, "NoSuchPass", data_dir=tmp_path)
+    assert unknown.returncode == 2 and "0 imported" in unknown.stderr
+    kernel = kiln("ir", job_id, "--asm", "0", data_dir=tmp_path)
+    assert kernel.returncode == 0, kernel.stderr
+    assert kernel.stdout.startswith("# ") and "FMAs:" in kernel.stdout and "_compute_:" in kernel.stdout
+
     records = tmp_path / "records"
     exported = kiln("export", job_id, "--what", "records", "--out", str(records), data_dir=tmp_path)
     assert exported.returncode == 0, exported.stderr

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import zlib
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from tuner.entities import AccuracyReport, Artifact, Job, JobSpec, JobStatus, LatencyReport
+from tuner.entities import AccuracyReport, Artifact, IrLevel, Job, JobSpec, JobStatus, LatencyReport
 from tuner.errors import Conflict, NotFound
 from tuner.store.base import StoreBase, rowcount
 from tuner.store.convert import artifact_entity, job_entity
-from tuner.store.models import ArtifactRow, JobRow, TaskRow, utcnow
+from tuner.store.models import ArtifactRow, JobIrLevelRow, JobRow, TaskRow, utcnow
 
 
 class JobQueries(StoreBase):
@@ -203,6 +205,74 @@ class JobQueries(StoreBase):
             if row is None:
                 raise NotFound(f"artifact of job '{job_id}' not found")
             return artifact_entity(row)
+
+    # ---- lowering levels --------------------------------------------------------------------------------
+
+    def set_ir_levels(self, job_id: str, levels: list[IrLevel]) -> None:
+        """Keep a job's lowering levels, replacing any an earlier attempt of it kept."""
+        with self.session_scope() as s:
+            self._job_row(s, job_id)
+            s.execute(sa.delete(JobIrLevelRow).where(JobIrLevelRow.job_id == job_id))
+            for level in levels:
+                summary = {k: v for k, v in dataclasses.asdict(level).items() if k not in _LEVEL_COLUMNS}
+                s.add(
+                    JobIrLevelRow(
+                        job_id=job_id,
+                        position=level.position,
+                        name=level.name,
+                        changed=level.changed,
+                        text_zlib=zlib.compress(level.text.encode(), 6),
+                        summary_json=json.dumps(summary),
+                    )
+                )
+
+    def list_ir_levels(self, job_id: str) -> list[IrLevel]:
+        """A job's lowering levels in order, without their texts (empty when it recorded none)."""
+        columns = [
+            JobIrLevelRow.position,
+            JobIrLevelRow.name,
+            JobIrLevelRow.changed,
+            JobIrLevelRow.summary_json,
+        ]
+        with self.session_scope(write=False) as s:
+            rows = s.execute(
+                sa.select(*columns).where(JobIrLevelRow.job_id == job_id).order_by(JobIrLevelRow.position)
+            ).all()
+            return [_level(position, name, changed, "", summary) for position, name, changed, summary in rows]
+
+    def get_ir_level(self, job_id: str, position: int) -> IrLevel:
+        """One level of a job's lowering with its text (an unchanged level's is the text of the last level
+        that changed the program); :class:`NotFound` when there is none."""
+        with self.session_scope(write=False) as s:
+            row = s.scalar(
+                sa.select(JobIrLevelRow).where(
+                    JobIrLevelRow.job_id == job_id, JobIrLevelRow.position == position
+                )
+            )
+            if row is None:
+                raise NotFound(f"job '{job_id}' has no lowering level {position}")
+            text_of = row
+            if not row.changed:
+                text_of = s.scalar(
+                    sa.select(JobIrLevelRow)
+                    .where(
+                        JobIrLevelRow.job_id == job_id,
+                        JobIrLevelRow.position < position,
+                        JobIrLevelRow.changed.is_(True),
+                    )
+                    .order_by(JobIrLevelRow.position.desc())
+                    .limit(1)
+                )
+            text = zlib.decompress(text_of.text_zlib).decode() if text_of is not None else ""
+            return _level(row.position, row.name, row.changed, text, row.summary_json)
+
+
+#: IrLevel's fields that are columns of their own (the others go to summary_json).
+_LEVEL_COLUMNS = ("position", "name", "changed", "text")
+
+
+def _level(position: int, name: str, changed: bool, text: str, summary_json: str) -> IrLevel:
+    return IrLevel(position=position, name=name, changed=changed, text=text, **json.loads(summary_json))
 
 
 def _job_filter(query: Any, status: JobStatus | None, owner: str | None) -> Any:

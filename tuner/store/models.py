@@ -146,6 +146,10 @@ class TaskRow(Base):
     position: Mapped[int] = mapped_column(sa.Integer)
     #: What the schedule space's hooks did in the task's search (JSON), for spaces that keep statistics.
     search_stats_json: Mapped[str | None] = mapped_column(sa.Text)
+    #: The tuned kernel's assembly as compiled into the job's model (zlib), and its instruction mix (JSON);
+    #: loaded only when asked for.
+    asm_zlib: Mapped[bytes | None] = mapped_column(sa.LargeBinary, deferred=True)
+    asm_mix_json: Mapped[str | None] = mapped_column(sa.Text, deferred=True)
 
 
 class TuningRecordRow(Base):
@@ -201,6 +205,22 @@ class ModelPlanRow(Base):
     fusion_json: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     graph: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class JobIrLevelRow(Base):
+    """One level of a job's lowering (:class:`tuner.entities.IrLevel`): its text zlib-compressed, the rest
+    of it as JSON."""
+
+    __tablename__ = "job_ir_levels"
+    __table_args__ = (sa.Index("uq_job_ir_levels_job_id_position", "job_id", "position", unique=True),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(sa.Integer)
+    name: Mapped[str] = mapped_column(sa.String(128))
+    changed: Mapped[bool] = mapped_column(sa.Boolean)
+    text_zlib: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    summary_json: Mapped[str] = mapped_column(sa.Text)
 
 
 class ApiTokenRow(Base):

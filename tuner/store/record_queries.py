@@ -9,7 +9,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tuner.entities import BestRecord, Job, Record, StoredRecord, StoredWorkload, Task, TimelineEntry
+from tuner.entities import (
+    BestRecord,
+    Job,
+    KernelAssembly,
+    Record,
+    StoredRecord,
+    StoredWorkload,
+    Task,
+    TimelineEntry,
+)
 from tuner.errors import NotFound
 from tuner.store.base import StoreBase, of_owner
 from tuner.store.convert import is_valid, mean_run_sec, record_entity, task_entity
@@ -133,6 +142,30 @@ class RecordQueries(StoreBase):
             s.flush()
             shash = s.scalar(sa.select(WorkloadRow.shash).where(WorkloadRow.id == row.workload_id))
             return task_entity(row, shash or "")
+
+    def set_task_assembly(self, task_id: int, text: str, mix: dict[str, Any]) -> None:
+        """Keep a task's kernel as compiled into its job's model (replacing an earlier attempt's)."""
+        with self.session_scope() as s:
+            row = s.get(TaskRow, task_id)
+            if row is None:
+                raise NotFound(f"task {task_id} not found")
+            row.asm_zlib = zlib.compress(text.encode(), 6)
+            row.asm_mix_json = json.dumps(mix)
+
+    def get_task_assembly(self, task_id: int) -> KernelAssembly:
+        """A task's compiled kernel; :class:`NotFound` before its job compiled the model."""
+        with self.session_scope(write=False) as s:
+            found = s.execute(
+                sa.select(TaskRow.name, TaskRow.asm_zlib, TaskRow.asm_mix_json).where(TaskRow.id == task_id)
+            ).first()
+            if found is None:
+                raise NotFound(f"task {task_id} not found")
+            name, packed, mix = found
+            if packed is None:
+                raise NotFound(
+                    f"task {task_id} ({name}) has no assembly yet: its job keeps it when it compiles the model"
+                )
+            return KernelAssembly(task_id, name, zlib.decompress(packed).decode(), json.loads(mix or "{}"))
 
     # ---- tuning records ---------------------------------------------------------------------------------
 
