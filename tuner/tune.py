@@ -226,7 +226,9 @@ def tune_tasks(
         ).clone()
         for task, logger, seed, task_stats in zip(tasks, loggers, seeds, stats, strict=True)
     ]
-    builder = PooledBuilder(max_workers=config.builder_workers or cores, timeout_sec=60.0)
+    builder = PooledBuilder(
+        max_workers=config.builder_workers or cores, timeout_sec=60.0, time_left_s=time_left_s
+    )
     callbacks = [
         ms.measure_callback.AddToDatabase(),
         ms.measure_callback.RemoveBuildArtifact(),

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tuner.errors import InvalidSpec
+from tuner.metaschedule.builder import BUILD_TIMEOUT_STEP_S, PooledBuilder, build_timeout
 from tuner.tune import Budget, _seed_phase_stop, gflops, trials_per_iter
 
 
@@ -62,3 +63,29 @@ def test_the_seeds_stop_when_cancelled_or_past_their_share_of_the_time_left() ->
     stop = _seed_phase_stop(None, lambda: 0.2)  # half of 0.2 s: over in 0.1 s
     time.sleep(0.15)
     assert stop()
+
+
+def test_build_timeouts_shrink_to_the_time_left_in_whole_steps() -> None:
+    assert build_timeout(60.0, None) == 60.0  # no time budget
+    assert build_timeout(60.0, 500.0) == 60.0
+    assert build_timeout(60.0, 35.0) == 30.0
+    assert build_timeout(60.0, 3.0) == BUILD_TIMEOUT_STEP_S  # at least one step
+    assert build_timeout(5.0, 3.0) == 5.0  # never above the builder's own
+
+
+def test_a_builder_under_a_time_budget_builds_with_the_time_left() -> None:
+    from kiln_tvm import ms, tvm
+    from tuner.targets import host_target, to_tvm_target
+
+    te = tvm.te
+    a = te.placeholder((64,), name="a")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((64,), lambda i: a[i] * 2.0, name="b")])})
+    left = [500.0]
+    builder = PooledBuilder(max_workers=1, time_left_s=lambda: left[0])
+    try:
+        inputs = [ms.builder.BuilderInput(mod, to_tvm_target(host_target()))]
+        assert builder.current_timeout() == 60.0 and builder.build(inputs)[0].error_msg is None
+        left[0] = 25.0  # the pool is started again with the shorter timeout, and still builds
+        assert builder.current_timeout() == 20.0 and builder.build(inputs)[0].error_msg is None
+    finally:
+        builder.shutdown()
