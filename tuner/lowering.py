@@ -55,22 +55,34 @@ def relax_text(mod: tvm.IRModule) -> str:
     return tvm.IRModule(graph).script()
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What a step left: the program's text and operators after it (computed as it ends, so that the
+    intermediate modules, and the weights only they hold, are not kept until the end)."""
+
+    name: str
+    text: str
+    histogram: dict[str, int]
+    prim_funcs: int
+    seconds: float
+
+    @classmethod
+    def of(cls, name: str, mod: tvm.IRModule, seconds: float) -> _Step:
+        prim_funcs = sum(isinstance(f, tvm.tirx.PrimFunc) for f in mod.functions.values())
+        return cls(name, relax_text(mod), operator_histogram(mod), prim_funcs, seconds)
+
+
 @dataclass
 class _Frame:
     name: str
-    mod: tvm.IRModule  # the module the pass was given
+    mod: tvm.IRModule | None  # the module the pass was given, while it runs
     started: float
+    on_parent_input: bool  # given the very module its parent was given
+    is_sequential: bool
+    #: Whether it can be a step: not run inside a step (on a module of the step's own making).
+    may_be_step: bool
     children: list[_Frame] = field(default_factory=list)
-    output: tvm.IRModule | None = None
-    seconds: float = 0.0
-    is_sequential: bool = False
-
-    def steps(self) -> list[_Frame]:
-        """The steps this pass stands for: itself, or, for a Sequential or a wrapper of one, its children's."""
-        wraps = any(c.is_sequential and c.mod.same_as(self.mod) for c in self.children)
-        if self.is_sequential or wraps:
-            return [step for child in self.children for step in child.steps()]
-        return [self]
+    steps: list[_Step] = field(default_factory=list)
 
 
 class LevelRecorder:
@@ -78,66 +90,66 @@ class LevelRecorder:
 
     def __init__(self) -> None:
         self._open: list[_Frame] = []
-        self._done: list[_Frame] = []
-        self.first: tvm.IRModule | None = None
+        self._steps: list[_Step] = []
+        self._first: _Step | None = None
 
     def before(self, mod: tvm.IRModule, info: Any) -> None:
-        if self.first is None:
-            self.first = mod
+        if self._first is None:
+            self._first = _Step.of(IMPORTED, mod, 0.0)
         name = str(info.name)
-        frame = _Frame(name, mod, time.perf_counter(), is_sequential=name == "sequential")
-        (self._open[-1].children if self._open else self._done).append(frame)
+        parent = self._open[-1] if self._open else None
+        on_input = parent is not None and parent.mod is not None and mod.same_as(parent.mod)
+        may_be_step = parent is None or (parent.may_be_step and (parent.is_sequential or on_input))
+        frame = _Frame(name, mod, time.perf_counter(), on_input, name == "sequential", may_be_step)
+        if parent is not None:
+            parent.children.append(frame)
         self._open.append(frame)
 
     def after(self, mod: tvm.IRModule, _info: Any) -> None:
         frame = self._open.pop()
-        frame.output = mod
-        frame.seconds = time.perf_counter() - frame.started
+        seconds = time.perf_counter() - frame.started
+        # A Sequential, or a pass wrapping one run on its own input (the zero pipeline), stands for its
+        # children's steps; any other pass is a step, whatever it ran inside.
+        wraps = any(c.is_sequential and c.on_parent_input for c in frame.children)
+        if not frame.may_be_step:
+            frame.steps = []
+        elif frame.is_sequential or wraps:
+            frame.steps = [step for child in frame.children for step in child.steps]
+        else:
+            frame.steps = [_Step.of(frame.name, mod, seconds)]
+        frame.mod, frame.children = None, []
+        if not self._open:
+            self._steps.extend(frame.steps)
 
     def levels(self) -> list[IrLevel]:
         """The imported program, then one level per step, in the order they ran."""
-        if self.first is None:
+        if self._first is None:
             return []
-        steps = [step for frame in self._done for step in frame.steps()]
-        text = relax_text(self.first)
-        histogram = operator_histogram(self.first)
-        levels = [_level(0, IMPORTED, self.first, text, True, histogram, histogram, 0.0)]
-        for position, step in enumerate(steps, start=1):
-            assert step.output is not None
-            after_text = relax_text(step.output)
-            after = operator_histogram(step.output)
-            changed = after_text != text
-            shown = after_text if changed else ""
-            levels.append(
-                _level(position, step.name, step.output, shown, changed, histogram, after, step.seconds)
-            )
-            text, histogram = after_text, after
+        first = self._first
+        levels = [_level(0, first, True, first.histogram)]
+        previous = first
+        for position, step in enumerate(self._steps, start=1):
+            changed = step.text != previous.text
+            levels.append(_level(position, step, changed, previous.histogram))
+            previous = step
         return levels
 
 
-def _level(
-    position: int,
-    name: str,
-    mod: tvm.IRModule,
-    text: str,
-    changed: bool,
-    before: dict[str, int],
-    after: dict[str, int],
-    seconds: float,
-) -> IrLevel:
+def _level(position: int, step: _Step, changed: bool, before: dict[str, int]) -> IrLevel:
+    after = step.histogram
     delta = {op: after.get(op, 0) - before.get(op, 0) for op in sorted(set(before) | set(after))}
     return IrLevel(
         position=position,
-        name=name,
-        text=text,
+        name=step.name,
+        text=step.text if changed else "",
         changed=changed,
         operators_before=sum(before.values()),
         operators_after=sum(after.values()),
         histogram=dict(sorted(after.items())),
         delta={op: d for op, d in delta.items() if d},
         kernels=kernel_calls(after),
-        prim_funcs=sum(isinstance(f, tvm.tirx.PrimFunc) for f in mod.functions.values()),
-        seconds=round(seconds, 6),
+        prim_funcs=step.prim_funcs,
+        seconds=round(step.seconds, 6),
     )
 
 
