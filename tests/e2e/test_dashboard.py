@@ -141,8 +141,29 @@ def test_upload_tune_watch_inspect_download(
     assert "cpu-poly" in page.locator("#poly-search").inner_text()
     assert page.locator("#poly-view .footprints .bar").count() + page.locator("#poly-no-tiles").count() >= 1
     page.screenshot(path=str(OUTPUT / "job-polyhedral.png"), full_page=True)
+    # The Assembly tab: the kernel as compiled into the model, with its instruction mix.
+    page.click(".tabs button[data-tab=assembly]")
+    page.wait_for_function("(document.querySelector('#asm-mix')?.innerText || '').includes('FMAs')")
+    assert page.locator("#poly-view").is_hidden() and "_compute_:" in page.locator("#asm-code").inner_text()
     page.click(".tabs button[data-tab=schedule]")
     assert page.locator("#poly-view").is_hidden() and page.locator("#compiler-view").is_visible()
+    assert page.locator("#asm-view").is_hidden()
+
+    # The lowering, pass by pass: FuseTIR's program beside the level before it, its changes marked.
+    steps = page.locator("#lowering-steps button")
+    steps.first.wait_for(timeout=60_000)
+    assert steps.count() >= 10 and "imported" in steps.first.inner_text()
+    page.locator("#lowering-steps button", has_text="FuseTIR").first.click()
+    page.wait_for_function(
+        "(document.querySelector('#lowering-summary')?.innerText || '').includes('FuseTIR')"
+    )
+    page.locator("#lowering-diff").wait_for()
+    assert (
+        page.locator("#lowering-diff td.add").count() > 0
+        and page.locator("#lowering-diff td.del").count() > 0
+    )
+    assert "call_tir" in page.locator("#lowering-diff").inner_text()
+    page.locator("#lowering").screenshot(path=str(OUTPUT / "job-lowering.png"))
 
     page.screenshot(path=str(OUTPUT / "job-page.png"), full_page=True)
 

@@ -1,5 +1,6 @@
-// The compiler view: per task, its TIR before scheduling, tuned TIR and trace ("Schedule"), or its
-// polyhedral analysis ("Polyhedral", loaded when opened); and the fused Relax program.
+// The compiler view: per task, its TIR before scheduling, tuned TIR and trace ("Schedule"), its
+// polyhedral analysis ("Polyhedral") or its kernel as compiled into the model ("Assembly", with its
+// instruction mix), each loaded when opened; and the fused Relax program.
 
 import { api } from "../api.js";
 import { code } from "../chart.js";
@@ -9,11 +10,12 @@ import { taskPicker } from "./tasks.js";
 
 export function compilerView(jobId) {
   const kernel = h("div", { id: "compiler-view" });
+  const assembly = h("div", { id: "asm-view", hidden: true });
   const poly = polyhedralTab(jobId);
   const graph = h("div", { class: "graph", id: "graph-view" });
   let tab = "schedule";
   const tabs = h("div", { class: "tabs", role: "tablist" },
-    [["schedule", "Schedule"], ["polyhedral", "Polyhedral"]].map(([key, label]) => h("button", {
+    [["schedule", "Schedule"], ["polyhedral", "Polyhedral"], ["assembly", "Assembly"]].map(([key, label]) => h("button", {
       role: "tab", dataset: { tab: key }, "aria-selected": key === tab ? "true" : "false",
       onclick: () => { tab = key; openTab(); },
     }, label)));
@@ -22,9 +24,11 @@ export function compilerView(jobId) {
     for (const b of tabs.children) b.setAttribute("aria-selected", b.dataset.tab === tab ? "true" : "false");
     kernel.hidden = tab !== "schedule";
     poly.el.hidden = tab !== "polyhedral";
+    assembly.hidden = tab !== "assembly";
     const taskId = Number(picker.el.value);
     if (!taskId) return;
     if (tab === "polyhedral") poly.show(taskId);
+    else if (tab === "assembly") showAssembly(taskId);
     else showSchedule(taskId);
   }
 
@@ -50,6 +54,21 @@ export function compilerView(jobId) {
     }
   }
 
+  async function showAssembly(taskId) {
+    fill(assembly, h("p", { class: "muted" }, "Loading…"));
+    try {
+      const asm = await api(`jobs/${jobId}/tasks/${taskId}/asm`);
+      const fma = Object.entries(asm.mix.fma).filter(([, n]) => n).map(([width, n]) => `${n} ${width}`).join(", ") || "none";
+      const dots = Object.entries(asm.mix.dot_products).map(([name, n]) => `${n} ${name}`).join(", ");
+      fill(assembly,
+        h("p", { id: "asm-mix" }, `${asm.mix.instructions} instructions; FMAs: ${fma}`,
+          dots ? `; dot products: ${dots}` : "", `; widest vector register ${asm.mix.widest_vector_bits} bits`),
+        h("pre", { class: "code", id: "asm-code" }, asm.text));
+    } catch (err) {
+      fill(assembly, errorBox(err));
+    }
+  }
+
   async function showGraph() {
     try {
       const g = await api(`jobs/${jobId}/graph`);
@@ -67,7 +86,7 @@ export function compilerView(jobId) {
   }
 
   return {
-    el: h("div", { class: "card" }, h("h2", {}, "Compiler view"), h("p", {}, "Task ", picker.el, " ", tabs), kernel, poly.el, graph),
+    el: h("div", { class: "card" }, h("h2", {}, "Compiler view"), h("p", {}, "Task ", picker.el, " ", tabs), kernel, poly.el, assembly, graph),
     setTasks: picker.render,
     selectedTask: () => Number(picker.el.value),
     showTask,

@@ -6,6 +6,7 @@ import { h } from "../dom.js";
 import { compilerView } from "../job/compiler.js";
 import { tuningCurves } from "../job/curves.js";
 import { jobHead, latencyBars } from "../job/head.js";
+import { loweringView } from "../job/lowering.js";
 import { taskTable } from "../job/tasks.js";
 
 export function jobPage(view, jobId) {
@@ -15,6 +16,7 @@ export function jobPage(view, jobId) {
   const tasks = taskTable();
   const bars = latencyBars();
   const compiler = compilerView(jobId);
+  const lowering = loweringView(jobId);
   let known = [];
 
   view.append(head.el,
@@ -24,7 +26,8 @@ export function jobPage(view, jobId) {
     h("div", { class: "row" },
       h("div", { class: "card" }, h("h2", {}, "Tasks"), tasks.el),
       h("div", { class: "card", style: "flex: 0 1 420px" }, h("h2", {}, "Before / after (end to end)"), bars.el)),
-    compiler.el);
+    compiler.el,
+    lowering.el);
 
   function apply(snapshot) {
     const firstTasks = !known.length && snapshot.tasks.length;
@@ -36,6 +39,7 @@ export function jobPage(view, jobId) {
     bars.render(snapshot.job);
     if (firstTasks) {
       compiler.showGraph();
+      lowering.show();
       if (known.some((t) => t.best_latency_us)) compiler.showTask(known[0].id);
     }
     curves.schedule(false);

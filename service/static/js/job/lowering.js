@@ -1,0 +1,99 @@
+// The lowering of a job, level by level: a stepper over the program as imported and after each graph
+// pass (with what the pass changed), and the chosen level side by side with the level before it, the
+// lines the pass removed and added marked. Each level's program is loaded when it is opened.
+
+import { api } from "../api.js";
+import { errorBox, fill, h } from "../dom.js";
+
+// Beyond this many line pairs the diff is not computed (the quadratic table would be too large).
+const MAX_DIFF_CELLS = 4e6;
+
+// The lines of a and b as aligned rows [left, right, kind], kind "same", "del" or "add" (longest common
+// subsequence of lines); null when the texts are too long to compare here.
+export function lineDiff(a, b) {
+  const x = a.split("\n"), y = b.split("\n");
+  const n = x.length, m = y.length;
+  if (n * m > MAX_DIFF_CELLS) return null;
+  const lcs = new Int32Array((n + 1) * (m + 1));
+  for (let i = n - 1; i >= 0; i--) {
+    for (let j = m - 1; j >= 0; j--) {
+      lcs[i * (m + 1) + j] = x[i] === y[j]
+        ? lcs[(i + 1) * (m + 1) + j + 1] + 1
+        : Math.max(lcs[(i + 1) * (m + 1) + j], lcs[i * (m + 1) + j + 1]);
+    }
+  }
+  const rows = [];
+  let i = 0, j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && x[i] === y[j]) { rows.push([x[i], y[j], "same"]); i++; j++; }
+    else if (j < m && (i === n || lcs[i * (m + 1) + j + 1] >= lcs[(i + 1) * (m + 1) + j])) { rows.push(["", y[j], "add"]); j++; }
+    else { rows.push([x[i], "", "del"]); i++; }
+  }
+  return rows;
+}
+
+function changeText(level) {
+  if (level.position === 0) return `${level.operators_after} operators as imported`;
+  if (!level.changed) return "no change";
+  const kinds = Object.entries(level.delta).map(([op, d]) => `${op.replace(/^relax\./, "")} ${d > 0 ? "+" : ""}${d}`);
+  const counts = `${level.operators_before} → ${level.operators_after} operators`;
+  return kinds.length ? `${counts}: ${kinds.join(", ")}` : `${counts}; the program changed`;
+}
+
+export function loweringView(jobId) {
+  const steps = h("ol", { class: "stepper", id: "lowering-steps" });
+  const detail = h("div", { id: "lowering-level" });
+  let levels = [];
+
+  async function open(position) {
+    for (const b of steps.querySelectorAll("button")) b.setAttribute("aria-current", b.dataset.position === String(position) ? "step" : "false");
+    const level = levels[position];
+    fill(detail, h("p", { class: "muted" }, "Loading…"));
+    try {
+      const here = await api(`jobs/${jobId}/ir/${position}`);
+      const summary = h("p", { id: "lowering-summary" },
+        `Level ${here.position}: ${here.name} — ${changeText(level)}; ${here.kernels} kernel calls, ${here.prim_funcs} TIR functions`,
+        here.position ? `; the pass took ${here.seconds.toFixed(2)} s` : "");
+      if (position === 0 || !here.changed) {
+        fill(detail, summary, h("pre", { class: "code diff", id: "lowering-text" }, here.text));
+        return;
+      }
+      const before = await api(`jobs/${jobId}/ir/${position - 1}`);
+      const rows = lineDiff(before.text, here.text);
+      if (rows === null) {
+        fill(detail, summary, h("p", { class: "muted" }, "Too long to compare here; the program after the pass:"),
+          h("pre", { class: "code diff", id: "lowering-text" }, here.text));
+        return;
+      }
+      const table = h("table", { class: "diff", id: "lowering-diff" },
+        h("thead", {}, h("tr", {}, h("th", {}, `before: ${before.name}`), h("th", {}, `after: ${here.name}`))),
+        h("tbody", {}, rows.map(([left, right, kind]) => h("tr", { class: kind },
+          h("td", { class: kind === "del" ? "del" : "" }, left), h("td", { class: kind === "add" ? "add" : "" }, right)))));
+      const added = rows.filter((r) => r[2] === "add").length, removed = rows.filter((r) => r[2] === "del").length;
+      fill(detail, summary, h("p", { class: "hint" }, `${removed} lines removed, ${added} added`), h("div", { class: "diff-scroll" }, table));
+    } catch (err) {
+      fill(detail, errorBox(err));
+    }
+  }
+
+  async function show() {
+    try {
+      levels = await api(`jobs/${jobId}/ir`);
+      fill(steps, levels.map((level) => h("li", { class: level.changed ? "changed" : "unchanged" },
+        h("button", { dataset: { position: String(level.position) }, onclick: () => open(level.position) }, `${level.position} ${level.name}`),
+        h("span", { class: "muted" }, ` ${changeText(level)}`))));
+      const last = [...levels].reverse().find((lv) => lv.changed);
+      if (last) open(last.position);
+    } catch (err) {
+      fill(steps, errorBox(err));
+    }
+  }
+
+  return {
+    el: h("div", { class: "card", id: "lowering" },
+      h("h2", {}, "Lowering, pass by pass"),
+      h("p", { class: "hint" }, "The program as imported, then after each graph pass; pick a level to see it beside the level before it."),
+      h("div", { class: "lowering" }, steps, detail)),
+    show,
+  };
+}
