@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,7 +22,7 @@ from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.models import build_mlp, build_small_cnn
 from tuner.entities import JobSpec, JobStatus
 from tuner.inspection import best_schedule
-from tuner.job import run_job, submit_job
+from tuner.job import JobResult, run_job, submit_job
 from tuner.models import register_model
 from tuner.precision import RELATIVE_TOLERANCE
 from tuner.settings import Settings
@@ -29,6 +30,22 @@ from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
 
 pytestmark = pytest.mark.slow
+
+
+def _manifest(result: JobResult) -> dict[str, Any]:
+    with tarfile.open(result.artifact.path, "r:gz") as tar:  # type: ignore[union-attr]
+        return json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+
+
+def _assert_artifact_within_bf16_tolerance(
+    result: JobResult, model: Path, x: np.ndarray, tmp_path: Path
+) -> None:
+    """The job's artifact, run by plain TVM in a fresh process, is within the bf16 policy's norm-wise
+    tolerance of onnxruntime's float32 run of the model."""
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)  # type: ignore[union-attr]
+    want = onnxruntime_output(model, x)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]
+
 
 #: A task's best schedule in a fresh interpreter: data dir, job id, task id.
 SHOW_BEST = """
@@ -77,8 +94,7 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
     )
     assert shown.precision == "bf16" and shown.accuracy is not None and shown.accuracy.tolerance is not None
 
-    with tarfile.open(result.artifact.path, "r:gz") as tar:
-        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    manifest = _manifest(result)
     assert manifest["precision"]["policy"] == "bf16"
     assert manifest["precision"]["reduced_ops"] == result.fusion.reduced_ops
     # 4 rows are no AMX block; with AVX512-BF16, 256 x 512 packs for vdpbf16ps and 512 x 10 does not.
@@ -95,9 +111,7 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
     assert manifest["verification"]["tolerance"] == {"norm_wise_relative": accuracy.tolerance}
 
     x = np.random.default_rng(7).standard_normal((4, 256)).astype(np.float32)
-    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
-    want = onnxruntime_output(path, x)
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]
+    _assert_artifact_within_bf16_tolerance(result, path, x, tmp_path)
 
 
 @pytest.mark.skipif(
@@ -124,15 +138,12 @@ def test_a_bf16_job_on_an_amx_cpu_computes_the_matmuls_that_fit_natively(
     (out,) = result.job.accuracy.outputs  # type: ignore[union-attr]
     assert out.relative_error is not None and 0 < out.relative_error <= RELATIVE_TOLERANCE["bf16"]
 
-    with tarfile.open(result.artifact.path, "r:gz") as tar:
-        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    manifest = _manifest(result)
     assert manifest["precision"]["compute"] == "mixed"
     assert manifest["precision"]["amx_bf16_matmuls"] == result.fusion.amx_bf16_matmuls
     # Plain TVM in a fresh process (which never asked Linux for AMX state: the library asks on load).
     x = np.random.default_rng(8).standard_normal((32, 256)).astype(np.float32)
-    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
-    want = onnxruntime_output(path, x)
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]
+    _assert_artifact_within_bf16_tolerance(result, path, x, tmp_path)
 
 
 @pytest.mark.skipif(
@@ -167,11 +178,8 @@ def test_a_bf16_cnn_job_on_an_avx512_bf16_cpu_computes_its_convolutions_on_vdpbf
     (out,) = result.job.accuracy.outputs  # type: ignore[union-attr]
     assert out.relative_error is not None and 0 < out.relative_error <= RELATIVE_TOLERANCE["bf16"]
 
-    with tarfile.open(result.artifact.path, "r:gz") as tar:
-        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    manifest = _manifest(result)
     assert manifest["precision"]["avx512_bf16_convolutions"] == result.fusion.avx512_bf16_convolutions
     assert manifest["precision"]["bf16_unpacked"] == [unpacked]
     x = np.random.default_rng(9).standard_normal((1, 3, 16, 16)).astype(np.float32)
-    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
-    want = onnxruntime_output(path, x)
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]
+    _assert_artifact_within_bf16_tolerance(result, path, x, tmp_path)
