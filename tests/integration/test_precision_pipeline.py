@@ -32,6 +32,19 @@ from tuner.targets import host_target, to_tvm_target
 pytestmark = pytest.mark.slow
 
 
+def _tuned_bf16_job(
+    store: Store, tmp_path: Path, model: onnx.ModelProto, path: Path, trials: int
+) -> JobResult:
+    """``model`` saved at ``path``, stored, and tuned for ``trials`` under the bf16 policy: a succeeded job."""
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    onnx.save(model, path)
+    info, _ = register_model(store, settings, path)
+    spec = JobSpec(model_id=info.id, target=host_target(), trials=trials, precision="bf16")
+    result = run_job(store, settings, submit_job(store, spec).id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    return result
+
+
 def _manifest(result: JobResult) -> dict[str, Any]:
     with tarfile.open(result.artifact.path, "r:gz") as tar:  # type: ignore[union-attr]
         return json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
@@ -64,14 +77,8 @@ print(best_schedule(store, job, task).tir)
 def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
     sqlite_store: Store, tmp_path: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path, database_url=None)
     path = tmp_path / "mlp.onnx"
-    onnx.save(build_mlp(batch=4), path)
-    model, _ = register_model(sqlite_store, settings, path)
-    spec = JobSpec(model_id=model.id, target=host_target(), trials=6, precision="bf16")
-    job = submit_job(sqlite_store, spec)
-    result = run_job(sqlite_store, settings, job.id)
-    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    result = _tuned_bf16_job(sqlite_store, tmp_path, build_mlp(batch=4), path, trials=6)
     assert result.job.spec.precision == "bf16"
     assert result.fusion.reduced_ops == ["matmul 4x256 @ 256x512 -> bf16", "matmul 4x512 @ 512x10 -> bf16"]
 
@@ -121,13 +128,8 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
 def test_a_bf16_job_on_an_amx_cpu_computes_the_matmuls_that_fit_natively(
     sqlite_store: Store, tmp_path: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path, database_url=None)
     path = tmp_path / "mlp32.onnx"
-    onnx.save(build_mlp(batch=32), path)
-    model, _ = register_model(sqlite_store, settings, path)
-    spec = JobSpec(model_id=model.id, target=host_target(), trials=8, precision="bf16")
-    result = run_job(sqlite_store, settings, submit_job(sqlite_store, spec).id)
-    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    result = _tuned_bf16_job(sqlite_store, tmp_path, build_mlp(batch=32), path, trials=8)
     # 32 x 256 @ 256 x 512 is whole 16 x 32 x 32 blocks; 512 x 10 is not (10 columns): "mixed".
     assert result.fusion.amx_bf16_matmuls == ["matmul 32x256 @ 256x512"]
     assert result.fusion.precision_compute == "mixed"
@@ -153,13 +155,8 @@ def test_a_bf16_job_on_an_amx_cpu_computes_the_matmuls_that_fit_natively(
 def test_a_bf16_cnn_job_on_an_avx512_bf16_cpu_computes_its_convolutions_on_vdpbf16ps(
     sqlite_store: Store, tmp_path: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path, database_url=None)
     path = tmp_path / "cnn.onnx"
-    onnx.save(build_small_cnn(image_size=16), path)
-    model, _ = register_model(sqlite_store, settings, path)
-    spec = JobSpec(model_id=model.id, target=host_target(), trials=8, precision="bf16")
-    result = run_job(sqlite_store, settings, submit_job(sqlite_store, spec).id)
-    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    result = _tuned_bf16_job(sqlite_store, tmp_path, build_small_cnn(image_size=16), path, trials=8)
     # The three convolutions (the RGB stem filled to 4 channels) on vdpbf16ps; the 10-class matmul not.
     assert len(result.fusion.avx512_bf16_convolutions) == 3
     assert result.fusion.precision_compute == "mixed"
