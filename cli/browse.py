@@ -1,7 +1,9 @@
-"""Browsing commands: ``jobs``, ``status``, ``ir``, ``models`` and ``export`` read what the store holds."""
+"""Browsing commands: ``jobs``, ``status``, ``ir``, ``profile``, ``models`` and ``export`` read what the store holds."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from cli.render import (
     print_accuracy,
     print_latency_report,
     print_outcome,
+    print_profile,
     print_tuning_time,
     task_table,
 )
@@ -100,6 +103,34 @@ def ir(
         f"# level {found.position}: {found.name}: {ir_change(found)}", markup=False, highlight=False
     )
     sys.stdout.write(found.text if found.text.endswith("\n") else found.text + "\n")
+
+
+_PROFILE_ORDER = {
+    "time": lambda k: -k.total_us,
+    "name": lambda k: k.name,
+    "gflops": lambda k: -(k.gflops or 0.0),
+    "onnxruntime": lambda k: -(k.onnxruntime_us or 0.0),
+}
+
+
+@app.command()
+def profile(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    sort: Annotated[str, typer.Option(help=f"Order of the kernels: {', '.join(_PROFILE_ORDER)}")] = "time",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
+) -> None:
+    """Show where a job's tuned model spends its time, kernel by kernel: calls, time, share, GFLOP/s,
+    bytes moved, its place under this machine's roofline, and onnxruntime's matched nodes beside it."""
+    if sort not in _PROFILE_ORDER:
+        raise typer.BadParameter(f"--sort must be one of {', '.join(_PROFILE_ORDER)}, not {sort!r}")
+    store = open_store()
+    job = store.get_job(job_id)
+    found = store.get_job_profile(job.id)
+    if as_json:
+        print(json.dumps(found.as_dict(), indent=2))
+        return
+    ordered = dataclasses.replace(found, kernels=tuple(sorted(found.kernels, key=_PROFILE_ORDER[sort])))
+    print_profile(ordered, job.id)
 
 
 @app.command()

@@ -109,10 +109,14 @@ def machine(
     target: Annotated[
         str, typer.Option("--target", help="'host' (this CPU) or a TVM CPU target as JSON")
     ] = "host",
+    measure: Annotated[
+        bool, typer.Option("--measure", help="Measure again, replacing the figures kept for this host")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
 ) -> None:
-    """Measure this machine's roofs: its fp32 FMA peak (one thread and all) and its memory bandwidth."""
-    from tuner.roofline import measure_limits
+    """This machine's roofs: its fp32 FMA peak (one thread and all) and its memory bandwidth, measured once
+    per host and target and kept in the database (the profiles' roofline)."""
+    from tuner.profile import host_key, host_limits, measure_host_limits
     from tuner.targets import is_host_cpu, resolve_target
 
     resolved = resolve_target(target)
@@ -120,7 +124,11 @@ def machine(
         raise InvalidSpec(
             f"target {target!r} does not run on this machine: its limits cannot be measured here"
         )
-    limits = measure_limits(resolved)
+    store = open_store()
+    if measure:
+        limits = store.save_machine_limits(host_key(resolved), measure_host_limits(resolved))
+    else:
+        limits = host_limits(store, resolved)
     if as_json:
         print(json.dumps(limits.as_dict(), indent=2))
         return
@@ -132,8 +140,10 @@ def machine(
     table.add_row(
         f"memory bandwidth (STREAM triad), {limits.threads} thread(s)", f"{limits.bandwidth_gbs:.1f} GB/s"
     )
+    table.add_row("ridge point", f"{limits.ridge_intensity:.1f} FLOP/byte")
     console.print(table)
-    console.print(limits.how, highlight=False)
+    measured = limits.measured_at.isoformat(timespec="seconds") if limits.measured_at else "now"
+    console.print(f"{limits.how}; measured {measured} on {limits.host} (--measure: again)", highlight=False)
 
 
 @db_app.command("upgrade")

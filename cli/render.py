@@ -12,7 +12,16 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.durations import format_duration
-from tuner.entities import AccuracyReport, FusionSummary, IrLevel, Job, LatencyReport, Task
+from tuner.entities import (
+    AccuracyReport,
+    FusionSummary,
+    IrLevel,
+    Job,
+    LatencyReport,
+    MachineLimits,
+    ModelProfile,
+    Task,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Task as ProgressTask
@@ -86,6 +95,66 @@ def ir_table(levels: list[IrLevel], job_id: str) -> Table:
             f"{level.seconds:.2f}",
         )
     return table
+
+
+def limits_line(limits: MachineLimits) -> str:
+    """A machine's roofs in one line."""
+    return (
+        f"fp32 FMA peak {limits.peak_gflops:.1f} GFLOP/s ({limits.threads} thread(s); "
+        f"{limits.peak_gflops_one_thread:.1f} on one), STREAM triad {limits.bandwidth_gbs:.1f} GB/s, "
+        f"ridge at {limits.ridge_intensity:.1f} FLOP/byte"
+    )
+
+
+def profile_table(profile: ModelProfile, job_id: str) -> Table:
+    """A job's profile: one row per kernel (and one for the VM's builtins), largest time first."""
+    table = Table(title=f"profile of job {job_id}'s tuned model ({profile.runs} runs, median per call)")
+    columns = ("kernel", "calls", "µs", "share", "GFLOP/s", "GB/s", "FLOP/B", "of roof", "bound")
+    for col in columns + ("onnxruntime µs", "ort / kiln"):
+        table.add_column(col, justify="left" if col == "kernel" else "right")
+    limits = profile.limits
+    for k in profile.kernels:
+        attainable = k.attainable_gflops(limits)
+        gflops = k.gflops
+        roof = f"{100 * gflops / attainable:.0f} %" if gflops and attainable else "-"
+        ratio = fmt(k.onnxruntime_us / k.total_us, ".2f") if k.compared and k.total_us > 0 else "-"
+        ort = fmt(k.onnxruntime_us) if k.onnxruntime_us is not None else "-"
+        if k.onnxruntime_us is not None and not k.compared:
+            ort += f" ({k.matched_calls}/{k.calls} calls)"
+        table.add_row(
+            escape(k.name),
+            str(k.calls),
+            fmt(k.total_us),
+            f"{100 * k.share:.1f} %",
+            fmt(gflops),
+            fmt(k.gbs),
+            fmt(k.intensity, ".2f"),
+            roof,
+            k.bound(limits) or "-",
+            ort,
+            ratio,
+        )
+    return table
+
+
+def print_profile(profile: ModelProfile, job_id: str) -> None:
+    """A job's profile: the machine's roofs, the kernels, and how it compares with the measured latency
+    and with onnxruntime."""
+    if profile.limits:
+        console.print(f"this machine: {limits_line(profile.limits)}", highlight=False)
+    console.print(profile_table(profile, job_id))
+    beside = f", the run beside it {profile.run_us:.1f} µs" if profile.run_us else ""
+    latency = f"; the job measured {profile.latency_ms * 1e3:.1f} µs" if profile.latency_ms else ""
+    console.print(f"profiled total {profile.total_us:.1f} µs{beside}{latency}", highlight=False)
+    if profile.onnxruntime_total_us is not None:
+        console.print(
+            f"onnxruntime: {profile.onnxruntime_total_us:.1f} µs per run by its profiler; "
+            f"{profile.onnxruntime_unmatched_us:.1f} µs in nodes no Kiln kernel matched "
+            "(ort / kiln > 1: Kiln's kernel is faster)",
+            highlight=False,
+        )
+    elif profile.onnxruntime_note:
+        console.print(f"onnxruntime: {profile.onnxruntime_note}", highlight=False)
 
 
 def fusion_line(fusion: FusionSummary) -> str:

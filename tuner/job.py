@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from schedules.amx import amx_kinds
 from schedules.poly.caches import UNKNOWN, CacheHierarchy, host_caches, parse_cache_spec
 from schedules.spaces import SpaceOptions, check_space, default_space_name, get_space
@@ -24,11 +26,12 @@ from tuner.assembly import instruction_mix, kernel_assembly, split_functions
 from tuner.compile import build_tuned, build_untuned, model_assembly, random_inputs
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
 from tuner.errors import InvalidSpec, KilnError, MissingInputShape, TuningFailed
-from tuner.frontend import check_given_shape, load_model
+from tuner.frontend import ImportedModel, check_given_shape, load_model
 from tuner.manifest import job_manifest
 from tuner.metaschedule.database import KilnDatabase
 from tuner.models import model_file
 from tuner.precision import check_precision
+from tuner.profile import host_limits, kernel_flops, profile_model
 from tuner.recorder import JobListener, JobRecorder
 from tuner.rpc.device_info import device_caches
 from tuner.rpc.tracker import check_runner, validate_runner
@@ -45,6 +48,7 @@ from tuner.verify import (
     float_reference,
     measure_accuracy,
     measure_latencies,
+    onnxruntime_model,
     verify_outputs,
     verify_reduced_precision,
 )
@@ -313,6 +317,9 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
         latency = measure_latencies(
             imported, untuned_exe, tuned_lib, build_dir, inputs, settings.latency_rounds
         )
+        if settings.profile_budget_s > 0:
+            recorder.stage("profiling")
+            _keep_profile(store, settings, job, imported, plan, tuned_lib, inputs, latency)
 
     recorder.stage("packaging")
     tasks = store.list_tasks(job.id)
@@ -334,6 +341,37 @@ def _keep_assembly(store: Store, tasks: list[Task], asm: str) -> None:
         text = kernel_assembly(functions, task.name)
         if text:
             store.set_task_assembly(task.id, text, instruction_mix(text))
+
+
+def _keep_profile(
+    store: Store,
+    settings: Settings,
+    job: Job,
+    imported: ImportedModel,
+    plan: GraphPlan,
+    tuned_lib: Path,
+    inputs: list[np.ndarray],
+    latency: Latencies,
+) -> None:
+    """Profile the tuned model kernel by kernel (and onnxruntime beside it) and keep the profile. A profile
+    explains the job's result and is not part of it: one that fails is logged and the job goes on."""
+    onnx_file, note = onnxruntime_model(imported, tuned_lib.parent)
+    try:
+        profile = profile_model(
+            tuned_lib,
+            kernel_flops(plan.lowered),
+            inputs,
+            tuned_lib.parent,
+            onnx_file,
+            note,
+            latency.tuned_ms,
+            host_limits(store, job.spec.target),
+            settings.profile_budget_s,
+        )
+    except RuntimeError as exc:
+        log.warning("job %s: profiling its tuned model failed: %s", job.id, exc)
+        return
+    store.set_job_profile(job.id, profile)
 
 
 def _float_reference(store: Store, settings: Settings, spec: JobSpec, target: Any) -> FloatReference | None:

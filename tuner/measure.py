@@ -5,8 +5,9 @@ a while after a call and slow each other down on a machine with few cores, so ev
 is measured in a child process of its own, forked from ``python -m tuner.measure --fork-server FD``
 (which has imported TVM and onnxruntime and run nothing: no runtime's threads exist before the fork, and
 a child does not pay the seconds of loading them). A child reads ``[KIND, PATH, INPUTS_NPZ, BUDGET_S]``
-as JSON on stdin. KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an ONNX
-file). Both are timed the same way: a ``perf_counter`` loop around the call, after warm-up, median of up
+as JSON on stdin (:func:`run_child`; the same children profile a model and measure the machine's
+limits). KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an
+ONNX file). Both are timed the same way: a ``perf_counter`` loop around the call, after warm-up, median of up
 to ``MAX_CALLS`` calls within ``BUDGET_S`` seconds (at least ``MIN_CALLS``). It prints one JSON line.
 
 :func:`interleaved_timings` times several implementations in rounds, each round running every one of
@@ -73,15 +74,37 @@ def _onnxruntime_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
     return lambda: session.run(None, feed)
 
 
-def _child(kind: str, path: str, inputs_npz: str, budget_s: str = str(BUDGET_S)) -> None:
+def _child(kind: str, *args: str) -> None:
+    print(json.dumps(_child_result(kind, *args)))
+
+
+def _child_result(kind: str, *args: str) -> dict[str, Any]:
+    """What one child computes: a timing (``tvm``, ``onnxruntime``), a profile (``tvm-profile``,
+    ``onnxruntime-profile``; :mod:`tuner.profile_runs`) or this machine's limits (``limits``)."""
+    if kind == "limits":
+        from tuner.roofline import measure_limits
+
+        return measure_limits(json.loads(args[0])).as_dict()
+    path, inputs_npz, budget_s = args[0], args[1], float(args[2]) if len(args) > 2 else BUDGET_S
     with np.load(inputs_npz) as data:
         inputs = [data[f"arg{i}"] for i in range(len(data.files))]
+    if kind == "tvm-profile":
+        from tuner.profile_runs import tvm_kernel_calls
+
+        return tvm_kernel_calls(path, inputs, budget_s)
+    if kind == "onnxruntime-profile":
+        from tuner.profile_runs import onnxruntime_node_times
+
+        return onnxruntime_node_times(path, inputs, budget_s)
     call = _tvm_call(path, inputs) if kind == "tvm" else _onnxruntime_call(path, inputs)
-    median_ms, calls = median_call_ms(call, float(budget_s))
-    print(json.dumps({"kind": kind, "median_ms": median_ms, "calls": calls}))
+    median_ms, calls = median_call_ms(call, budget_s)
+    return {"kind": kind, "median_ms": median_ms, "calls": calls}
 
 
-def _time_in_child(kind: str, path: Path, npz: Path, timeout_s: float, budget_s: float) -> float:
+def run_child(request: list[str], timeout_s: float = 600) -> dict[str, Any]:
+    """Run one request (``[KIND, ARGS...]``, see :func:`_child_result`) in a fresh forked process and
+    return what it printed; :class:`RuntimeError` when it fails or outlives ``timeout_s``."""
+    what = request[0] if request[0] == "limits" else " ".join(Path(a).name for a in request[:2])
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         stdin_r, stdin_w = os.pipe()
         try:
@@ -89,19 +112,27 @@ def _time_in_child(kind: str, path: Path, npz: Path, timeout_s: float, budget_s:
         finally:
             os.close(stdin_r)
         with os.fdopen(stdin_w, "w") as stdin:
-            stdin.write(json.dumps([kind, str(path), str(npz), str(budget_s)]))
+            stdin.write(json.dumps(request))
         try:
             returncode = child.wait(timeout_s)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-            raise RuntimeError(f"timing {kind} {path.name} took longer than {timeout_s:g} s") from None
+            raise RuntimeError(f"{what} took longer than {timeout_s:g} s") from None
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if returncode != 0:
-        raise RuntimeError(f"timing {kind} {path.name} failed: {stderr.strip()[-2000:]}")
-    return float(json.loads(stdout.strip().splitlines()[-1])["median_ms"])
+        raise RuntimeError(f"{what} failed: {stderr.strip()[-2000:]}")
+    return dict(json.loads(stdout.strip().splitlines()[-1]))
+
+
+def _time_in_child(kind: str, path: Path, npz: Path, timeout_s: float, budget_s: float) -> float:
+    try:
+        result = run_child([kind, str(path), str(npz), str(budget_s)], timeout_s)
+    except RuntimeError as exc:
+        raise RuntimeError(f"timing {exc}") from None
+    return float(result["median_ms"])
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:

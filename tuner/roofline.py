@@ -17,7 +17,6 @@ by another process only ever lowers it.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from kiln_tvm import tir_script as T
 from kiln_tvm import tvm
 from schedules.loops import fp32_lanes
 from schedules.poly.caches import SYSFS_CACHE_DIR, read_sysfs_caches
+from tuner.entities import MachineLimits
 from tuner.targets import to_tvm_target
 
 #: Independent accumulator chains per thread in the FMA kernel.
@@ -36,26 +36,6 @@ MIN_STREAM_BYTES = 64 << 20
 _REPEATS = 5
 # One repeat of a kernel runs about this long (its iteration count is calibrated to it).
 _REPEAT_S = 0.05
-
-
-@dataclass(frozen=True)
-class MachineLimits:
-    """The measured roofs of this machine for one target."""
-
-    #: fp32 FMA peak of all threads together, GFLOP/s.
-    peak_gflops: float
-    #: the same with one thread (what one core reaches alone: a boosting CPU runs it faster).
-    peak_gflops_one_thread: float
-    #: STREAM triad bandwidth of all threads, GB/s (10^9 bytes).
-    bandwidth_gbs: float
-    threads: int
-    vector_lanes: int
-    #: how each figure was measured, in words.
-    how: str
-
-    def as_dict(self) -> dict[str, Any]:
-        """The limits as plain JSON."""
-        return asdict(self)
 
 
 def fma_peak_kernel(lanes: int, chains: int, threads: int) -> tvm.tirx.PrimFunc:

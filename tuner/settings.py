@@ -27,6 +27,12 @@ class Settings(BaseSettings):
     latency_rounds: int = Field(
         default=3, ge=1, le=20, description="Interleaved rounds of the end-to-end side-by-side timing"
     )
+    profile_budget_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=60,
+        description="Seconds of profiled runs of the tuned model (and of onnxruntime) per job; 0: no profile",
+    )
     search_population: int | None = Field(
         default=None,
         ge=16,

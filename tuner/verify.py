@@ -252,11 +252,23 @@ def measure_latencies(
         UNTUNED: ("tvm", export_library(untuned_exe, build_dir / "untuned.so")),
         TUNED: ("tvm", tuned_lib),
     }
-    if imported.format is ModelFormat.ONNX and _has_onnxruntime():
-        onnx_file = build_dir / "model.onnx"
-        onnx_file.write_bytes(imported.canonical_bytes)
+    onnx_file, _ = onnxruntime_model(imported, build_dir)
+    if onnx_file is not None:
         contenders["onnxruntime"] = ("onnxruntime", onnx_file)
     return Latencies.of(interleaved_timings(contenders, inputs, rounds))
+
+
+def onnxruntime_model(imported: ImportedModel, build_dir: Path) -> tuple[Path | None, str]:
+    """The model as an ONNX file onnxruntime can run, written to ``build_dir`` (once); or None and why
+    there is none."""
+    if imported.format is not ModelFormat.ONNX:
+        return None, f"onnxruntime runs ONNX models; this one is a {imported.format.value} program"
+    if not _has_onnxruntime():
+        return None, "onnxruntime is not installed"
+    onnx_file = build_dir / "model.onnx"
+    if not onnx_file.exists():
+        onnx_file.write_bytes(imported.canonical_bytes)
+    return onnx_file, ""
 
 
 def _has_onnxruntime() -> bool:

@@ -31,6 +31,7 @@ from service.schemas import (
     JobOut,
     JobPage,
     KernelAssemblyOut,
+    ProfileOut,
     TaskOut,
 )
 from tuner import inspection
@@ -236,6 +237,18 @@ def task_asm(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> Ker
     job = state.store.get_job(job_id, owner)
     task = _task(state.store, job, task_id)
     return KernelAssemblyOut.from_entity(state.store.get_task_assembly(task.id))
+
+
+@router.get(
+    "/{job_id}/profile",
+    response_model=ProfileOut,
+    responses=ERRORS,
+    summary="The tuned model's profile, kernel by kernel: calls, time, share, GFLOP/s, bytes moved, its "
+    "place under this machine's roofline, and onnxruntime's nodes matched to it",
+)
+def job_profile(job_id: str, state: StateDep, owner: OwnerDep) -> ProfileOut:
+    job = state.store.get_job(job_id, owner)
+    return ProfileOut.of(job.id, state.store.get_job_profile(job.id))
 
 
 def _snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:

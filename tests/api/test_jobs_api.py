@@ -172,6 +172,7 @@ def test_unknown_job_routes_are_404(client: TestClient) -> None:
         "/records",
         "/ir",
         "/ir/0",
+        "/profile",
     )
     for path in paths:
         response = client.get(f"/api/v1/jobs/nope{path}")
@@ -252,6 +253,19 @@ def test_a_tuned_job_exposes_tasks_curves_schedules_and_files(
     big = max(tasks, key=lambda t: t["flops"])
     mix = client.get(f"/api/v1/jobs/{job['id']}/tasks/{big['id']}/asm").json()["mix"]
     assert mix["fma"]["zmm"] + mix["fma"]["ymm"] > 0 and mix["widest_vector_bits"] >= 256, mix
+
+    # The tuned model's profile: both kernels, under the roofline, beside onnxruntime's nodes.
+    profile = client.get(f"/api/v1/jobs/{job['id']}/profile").json()
+    kernels = [k for k in profile["kernels"] if k["kind"] == "kernel"]
+    for task in tasks:  # each task's kernel (renamed "..._prepacked" where its weights were prepacked)
+        assert any(k["name"].startswith(task["name"]) for k in kernels), (task["name"], kernels)
+    assert sum(k["share"] for k in profile["kernels"]) == pytest.approx(1.0)
+    top = next(k for k in kernels if k["name"].startswith(big["name"]))
+    assert top["flops"] > 0 and top["gflops"] > 0 and top["bound"] in ("memory", "compute")
+    assert 0 < top["attainable_gflops"] <= profile["limits"]["peak_gflops"]
+    assert profile["limits"]["bandwidth_gbs"] > 0 and "STREAM" in profile["limits"]["how"]
+    assert profile["onnxruntime_total_us"] > 0 and any(n["kernel"] for n in profile["onnxruntime_nodes"])
+    assert profile["latency_ms"] == pytest.approx(body["tuned_latency_ms"])
 
     artifact = client.get(f"/api/v1/jobs/{job['id']}/artifact")
     assert artifact.status_code == 200

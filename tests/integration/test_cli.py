@@ -134,6 +134,15 @@ def test_tune_then_reuse_records_then_export(tmp_path: Path) -> None:
     assert kernel.returncode == 0, kernel.stderr
     assert kernel.stdout.startswith("# ") and "FMAs:" in kernel.stdout and "_compute_:" in kernel.stdout
 
+    profiled = kiln("profile", job_id, data_dir=tmp_path)
+    assert profiled.returncode == 0, profiled.stderr
+    assert "GFLOP/s" in profiled.stdout and "this machine: fp32 FMA peak" in profiled.stdout
+    assert "onnxruntime:" in profiled.stdout and "VM runtime" in profiled.stdout
+    as_json = json.loads(kiln("profile", job_id, "--json", data_dir=tmp_path).stdout)
+    assert as_json["kernels"] and as_json["limits"]["peak_gflops"] > 0
+    bad_sort = kiln("profile", job_id, "--sort", "colour", data_dir=tmp_path)
+    assert bad_sort.returncode == 2 and "--sort" in bad_sort.stderr
+
     records = tmp_path / "records"
     exported = kiln("export", job_id, "--what", "records", "--out", str(records), data_dir=tmp_path)
     assert exported.returncode == 0, exported.stderr
@@ -194,7 +203,12 @@ def test_machine_measures_the_roofs_of_this_cpu(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     limits = json.loads(done.stdout)
     assert limits["peak_gflops"] > 0 and limits["bandwidth_gbs"] > 0
-    assert "STREAM triad" in limits["how"]
+    assert "STREAM triad" in limits["how"] and limits["measured_at"]
+    # Measured once per host: the next call reads what was kept; --measure measures again.
+    kept = json.loads(kiln("machine", "--json", data_dir=tmp_path).stdout)
+    assert kept == limits
+    again = json.loads(kiln("machine", "--json", "--measure", data_dir=tmp_path).stdout)
+    assert again["measured_at"] > limits["measured_at"] and again["host"] == limits["host"]
 
 
 def test_machine_refuses_a_cpu_it_does_not_run_on(tmp_path: Path) -> None:

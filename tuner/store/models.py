@@ -223,6 +223,27 @@ class JobIrLevelRow(Base):
     summary_json: Mapped[str] = mapped_column(sa.Text)
 
 
+class JobProfileRow(Base):
+    """A job's profile of its compiled model (:class:`tuner.entities.ModelProfile` as JSON, compressed)."""
+
+    __tablename__ = "job_profiles"
+
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    profile_zlib: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class MachineLimitsRow(Base):
+    """One host's measured roofs for one target (:class:`tuner.entities.MachineLimits`), measured once."""
+
+    __tablename__ = "machine_limits"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(sa.String(512), unique=True, index=True)
+    limits_json: Mapped[str] = mapped_column(sa.Text)
+    measured_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class ApiTokenRow(Base):
     """A bearer token of the REST API; only its sha256 is stored. ``name`` owns models and jobs."""
 

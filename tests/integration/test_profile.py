@@ -1,0 +1,82 @@
+"""A tuned job profiles its compiled model: the kernels' times account for the model's run, each kernel
+sits under this machine's measured roofline, and onnxruntime's own profile is matched to the kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.models import build_small_cnn
+from tuner.entities import JobSpec, JobStatus
+from tuner.job import run_job, submit_job
+from tuner.models import register_model
+from tuner.profile import RUNTIME_ROW, host_key
+from tuner.settings import Settings
+from tuner.store import Store
+from tuner.targets import host_target
+
+pytestmark = pytest.mark.slow
+
+#: The profile's total against the run it was taken beside (done-means of issue 13).
+TOTAL_TOLERANCE = 0.20
+
+
+def plausible_peak_range(lanes: int, threads: int) -> tuple[float, float]:
+    """GFLOP/s an fp32 FMA peak can have: at least one vector FMA per cycle at 1 GHz per thread, at most
+    two FMA pipes at 6 GHz (2 FLOPs per lane per FMA)."""
+    return 2 * lanes * 1.0 * threads, 2 * lanes * 2 * 6.0 * threads
+
+
+def test_a_tuned_cnn_is_profiled_kernel_by_kernel_under_the_roofline(
+    sqlite_store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "cnn.onnx"
+    onnx.save(build_small_cnn(image_size=64), str(path))
+    model, _ = register_model(sqlite_store, settings, path)
+    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=8))
+    result = run_job(sqlite_store, settings, job.id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+
+    profile = sqlite_store.get_job_profile(job.id)
+    # The kernels (and the VM's own work) account for the model's run, timed in the same process.
+    assert profile.run_us is not None and profile.run_us > 0
+    assert abs(profile.total_us - profile.run_us) <= TOTAL_TOLERANCE * profile.run_us, (
+        profile.total_us,
+        profile.run_us,
+    )
+    assert profile.latency_ms == pytest.approx(result.job.tuned_latency_ms)
+    assert sum(k.share for k in profile.kernels) == pytest.approx(1.0)
+    assert [k.total_us for k in profile.kernels] == sorted(
+        (k.total_us for k in profile.kernels), reverse=True
+    )
+
+    kernels = [k for k in profile.kernels if k.kind == "kernel"]
+    names = {t.name for t in result.tasks}
+    convs = [k for k in kernels if "conv2d" in k.name]
+    assert len(convs) == 3 and all(any(k.name.startswith(n) for n in names) for k in convs)
+    assert any(k.name == RUNTIME_ROW for k in profile.kernels)
+    limits = profile.limits
+    assert limits is not None and limits.host == host_key(host_target())
+    low, high = plausible_peak_range(limits.vector_lanes, limits.threads)
+    assert low <= limits.peak_gflops <= high, limits
+    assert 1 <= limits.bandwidth_gbs <= 2000, limits
+    for conv in convs:
+        assert conv.flops and conv.bytes and conv.gflops and conv.intensity
+        assert conv.gflops > 0 and conv.intensity > 0
+        attainable = conv.attainable_gflops(limits)
+        assert attainable is not None and 0 < attainable <= limits.peak_gflops
+        # A kernel runs under the roofline (a little over it on a CPU that boosts one core's clock).
+        assert conv.gflops <= 1.25 * attainable, (conv, limits)
+
+    # onnxruntime's own profile of the same model: each of its three convolutions matched to one of Kiln's.
+    matched = [n.kernel for n in profile.onnxruntime_nodes if n.op in ("Conv", "FusedConv")]
+    assert len(matched) == 3 and set(matched) == {k.name for k in convs}
+    assert all(k.compared and k.onnxruntime_us and k.onnxruntime_us > 0 for k in convs)
+    assert profile.onnxruntime_total_us and profile.onnxruntime_total_us > 0 and not profile.onnxruntime_note
+
+    # The machine's limits were measured once and kept: a second job reuses them.
+    again = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=0))
+    assert run_job(sqlite_store, settings, again.id).job.status is JobStatus.SUCCEEDED
+    assert sqlite_store.get_job_profile(again.id).limits == limits

@@ -1,0 +1,234 @@
+"""Profiled runs of a compiled model and of onnxruntime, call by call (run in a fresh timing process of
+:mod:`tuner.measure`, like every figure Kiln reports).
+
+* **Kiln**: the Relax VM calls an instrument before each of its Call instructions, with the function and
+  its arguments. Each kernel is timed **in place**: in one run of the model, just before its own call,
+  TVM's ``time_evaluator`` runs it on the very tensors it gets (the median of a few repeats, timed in C++:
+  no Python between the calls, and its inputs as warm in the caches as its producer left them). Timing
+  from Python around every call instead added 1-2 µs of argument conversion per call and varied by 2x
+  from one process to the next on a 2-core VM (a small CNN: 235-466 µs); in place, 222-245 µs. The VM's
+  builtins (allocation, shape checks, reshapes) are timed between the instrument's before and after
+  calls over several runs (median per call), less the instrument's own cost: the time of the cheapest
+  call, a builtin that does nothing (~0.4 µs). Arguments are sized once (their total is the bytes a
+  kernel moves at the least). The same process then times the model's run uninstrumented: how fast a
+  run is varies from one process to the next on a shared VM (a small CNN: 210-360 µs), so the profile is
+  checked against the run it was taken beside.
+* **onnxruntime**: its own profiler (``enable_profiling``) writes one event per node per run; the same
+  medians are taken per node, in the order the nodes ran.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+#: Runs profiled after the warm-up runs: at least MIN_RUNS, at most MAX_RUNS, within the budget.
+MIN_RUNS = 5
+MAX_RUNS = 50
+WARMUP_RUNS = 2
+_RUNTIME_PREFIX = "vm."
+#: Repeats of each kernel timed in place, and the bounds on one repeat's time.
+_REPEATS = 5
+_MIN_REPEAT_MS = 1.0
+_MAX_REPEAT_MS = 20.0
+#: The instrument's return value that lets the VM go on as usual (VMInstrumentReturnKind.kNoOp).
+_NO_OP = 0
+
+
+def _bytes_of(value: Any) -> int:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None or not hasattr(dtype, "bits"):
+        return 0
+    return math.prod(int(d) for d in shape) * int(dtype.bits) * int(getattr(dtype, "lanes", 1)) // 8
+
+
+def _run_count(run: Any, budget_s: float) -> int:
+    """Profiled runs that fit ``budget_s``, from one timed run."""
+    start = time.perf_counter()
+    run()
+    once = max(time.perf_counter() - start, 1e-6)
+    return max(MIN_RUNS, min(MAX_RUNS, int(budget_s / once)))
+
+
+def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> dict[str, Any]:
+    """Every call of one run of the compiled model at ``path``: its function's name, the bytes of its
+    arguments, and its time (µs) — a kernel's timed in place, a builtin's as the median over runs."""
+    from kiln_tvm import tvm
+    from tuner.compile import LoadedModel
+    from tuner.measure import median_call_ms
+
+    lib = tvm.runtime.load_module(path)
+    model = LoadedModel(lib)
+    call = model.bound_call(inputs)
+    for _ in range(WARMUP_RUNS):
+        call()
+
+    names: list[str] = []
+    sizes: list[int] = []
+
+    def listing(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
+        if before:
+            names.append(str(symbol))
+            sizes.append(sum(_bytes_of(a) for a in args))
+        return _NO_OP
+
+    model.vm.set_instrument(listing)
+    call()
+    kernels = sum(not n.startswith(_RUNTIME_PREFIX) for n in names)
+    repeat_ms = min(_MAX_REPEAT_MS, max(_MIN_REPEAT_MS, budget_s * 1e3 / 2 / _REPEATS / max(kernels, 1)))
+    in_place = _InPlaceTimer(tvm, lib, repeat_ms)
+    model.vm.set_instrument(in_place)
+    call()
+
+    durations: list[list[float]] = [[] for _ in names]
+    state = {"index": 0, "start": 0.0}
+
+    def builtins(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
+        if before:
+            state["start"] = time.perf_counter()
+            return _NO_OP
+        durations[state["index"]].append((time.perf_counter() - state["start"]) * 1e6)
+        state["index"] += 1
+        return _NO_OP
+
+    model.vm.set_instrument(builtins)
+    runs = _run_count(call, budget_s / 2)
+    for _ in range(runs):
+        state["index"] = 0
+        call()
+    model.vm.set_instrument(None)
+    run_ms, _ = median_call_ms(call, budget_s / 4)
+    medians = [statistics.median(times) for times in durations]
+    # The instrument's own cost inside each interval (returning from one Python call into the VM, and
+    # entering the next) is what the cheapest call took: a builtin that does nothing (null_value).
+    overhead = min(medians, default=0.0)
+    times = iter(in_place.times)
+    return {
+        "runs": runs,
+        "run_us": run_ms * 1e3,
+        "overhead_us": overhead,
+        "calls": [
+            {
+                "name": name,
+                "bytes": size,
+                "us": us - overhead if name.startswith(_RUNTIME_PREFIX) else next(times),
+            }
+            for name, size, us in zip(names, sizes, medians, strict=True)
+        ],
+    }
+
+
+class _InPlaceTimer:
+    """A VM instrument that times each kernel where the model calls it, on the very arguments it gets:
+    TVM's ``time_evaluator`` runs it ``_REPEATS`` x about ``repeat_ms`` before the model's own call."""
+
+    def __init__(self, tvm: Any, lib: Any, repeat_ms: float) -> None:
+        self.tvm = tvm
+        self.modules = [lib, *lib.imports]
+        self.repeat_ms = repeat_ms
+        self.timers: dict[str, Any] = {}
+        self.times: list[float] = []
+
+    def _timer(self, symbol: str) -> Any:
+        if symbol not in self.timers:
+            module = next(m for m in self.modules if m.implements_function(symbol))
+            self.timers[symbol] = module.time_evaluator(
+                symbol, self.tvm.cpu(), number=1, repeat=_REPEATS, min_repeat_ms=round(self.repeat_ms)
+            )
+        return self.timers[symbol]
+
+    def __call__(self, func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
+        if before and not symbol.startswith(_RUNTIME_PREFIX):
+            results = self._timer(str(symbol))(*args).results
+            self.times.append(statistics.median(results) * 1e6)
+        return _NO_OP
+
+
+def onnxruntime_node_times(path: str, inputs: list[np.ndarray], budget_s: float) -> dict[str, Any]:
+    """onnxruntime's profile of the ONNX model at ``path``: its nodes in the order they ran, each with its
+    operator and its median time over the profiled runs (µs), and its median run."""
+    import onnxruntime
+
+    with tempfile.TemporaryDirectory(prefix="kiln-ort-profile-") as tmp:
+        options = onnxruntime.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(tmp, "ort")
+        session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        feed = {arg.name: x for arg, x in zip(session.get_inputs(), inputs, strict=True)}
+
+        def call() -> Any:
+            return session.run(None, feed)
+
+        for _ in range(WARMUP_RUNS):
+            call()
+        runs = _run_count(call, budget_s)
+        for _ in range(runs):
+            call()
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    return onnxruntime_profile_summary(events, skip_runs=WARMUP_RUNS + 1)
+
+
+def onnxruntime_profile_summary(events: list[dict[str, Any]], skip_runs: int = 0) -> dict[str, Any]:
+    """Per node of onnxruntime's profiler events (its JSON), the median over the runs after the first
+    ``skip_runs`` of the node's kernel time, in the order of the nodes' first run kept."""
+    model_runs = sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+        key=lambda e: e["ts"],
+    )[skip_runs:]
+    per_node: dict[str, list[float]] = defaultdict(list)
+    ops: dict[str, str] = {}
+    flops: dict[str, float | None] = {}
+    order: list[str] = []
+    for event in sorted((e for e in events if e.get("cat") == "Node"), key=lambda e: e["ts"]):
+        name = str(event.get("name", ""))
+        if not name.endswith("_kernel_time"):
+            continue
+        ts = event["ts"]
+        if not any(run["ts"] <= ts <= run["ts"] + run["dur"] for run in model_runs):
+            continue
+        node = name.removesuffix("_kernel_time")
+        if node not in ops:
+            order.append(node)
+            ops[node] = str(event.get("args", {}).get("op_name", ""))
+            flops[node] = node_flops(ops[node], event.get("args", {}))
+        per_node[node].append(float(event["dur"]))
+    return {
+        "runs": len(model_runs),
+        "run_us": statistics.median(float(r["dur"]) for r in model_runs) if model_runs else None,
+        "nodes": [
+            {"name": n, "op": ops[n], "us": statistics.median(per_node[n]), "flops": flops[n]} for n in order
+        ],
+    }
+
+
+def _shapes(entries: Any) -> list[list[int]]:
+    """The shapes of onnxruntime's ``input_type_shape`` / ``output_type_shape`` (``[{"float": [1, 3]}]``)."""
+    shapes = []
+    for entry in entries or []:
+        for dims in entry.values() if isinstance(entry, dict) else ():
+            shapes.append([int(d) for d in dims])
+    return shapes
+
+
+def node_flops(op: str, args: dict[str, Any]) -> float | None:
+    """2 x the multiply-adds of a convolution or matrix product from the shapes onnxruntime recorded
+    (None for other operators, or when the shapes are missing)."""
+    inputs, outputs = _shapes(args.get("input_type_shape")), _shapes(args.get("output_type_shape"))
+    if not inputs or not outputs or len(inputs) < 2:
+        return None
+    out = math.prod(outputs[0])
+    weight = inputs[3] if op == "QLinearConv" and len(inputs) > 3 else inputs[1]
+    if "Conv" in op and len(weight) >= 3:
+        return 2.0 * out * math.prod(weight[1:])  # weight (M, C/group, k...): C/group x k... per output
+    if ("MatMul" in op or "Gemm" in op) and inputs[0]:
+        return 2.0 * out * inputs[0][-1]
+    return None
