@@ -147,8 +147,13 @@ def print_profile(profile: ModelProfile, job_id: str) -> None:
     latency = f"; the job measured {profile.latency_ms * 1e3:.1f} µs" if profile.latency_ms else ""
     console.print(f"profiled total {profile.total_us:.1f} µs{beside}{latency}", highlight=False)
     if profile.onnxruntime_total_us is not None:
+        unprofiled = (
+            f" ({profile.onnxruntime_latency_ms * 1e3:.1f} µs unprofiled: its profiler adds a cost per node)"
+            if profile.onnxruntime_latency_ms
+            else ""
+        )
         console.print(
-            f"onnxruntime: {profile.onnxruntime_total_us:.1f} µs per run by its profiler; "
+            f"onnxruntime: {profile.onnxruntime_total_us:.1f} µs per run by its profiler{unprofiled}; "
             f"{profile.onnxruntime_unmatched_us:.1f} µs in nodes no Kiln kernel matched "
             "(ort / kiln > 1: Kiln's kernel is faster)",
             highlight=False,

@@ -552,6 +552,9 @@ class ProfileOut(EntityOut):
     limits: MachineLimitsOut | None
     kernels: list[KernelProfileOut] = Field(description="By time, largest first")
     onnxruntime_total_us: float | None = Field(description="onnxruntime's run as its profiler timed it")
+    onnxruntime_latency_ms: float | None = Field(
+        description="onnxruntime's latency as the job measured it, unprofiled (its profiler adds a cost per node)"
+    )
     onnxruntime_unmatched_us: float = Field(description="onnxruntime's time in nodes no kernel matched")
     onnxruntime_nodes: list[OnnxruntimeNodeOut]
     onnxruntime_note: str = Field(description="Why there is no onnxruntime profile ('' when there is)")

@@ -263,13 +263,15 @@ class ModelProfile:
 
     kernels: tuple[KernelProfile, ...]
     runs: int  # profiled runs the medians are over
-    total_us: float  # sum of the kernels' and the runtime's time in one run
+    total_us: float  # the kernels' time in one run plus the VM's own (the run less its kernels)
     latency_ms: float | None = None  # the model's latency as the job measured it (uninstrumented)
     #: the model's run, uninstrumented, in the process that profiled it (median; what the total explains)
     run_us: float | None = None
     limits: MachineLimits | None = None
     onnxruntime_nodes: tuple[OnnxruntimeNode, ...] = ()
     onnxruntime_total_us: float | None = None  # onnxruntime's run, as its profiler timed it
+    #: onnxruntime's latency as the job measured it, unprofiled (its profiler adds its own cost per node)
+    onnxruntime_latency_ms: float | None = None
     #: why there is no onnxruntime profile ("" when there is one).
     onnxruntime_note: str = ""
     how: str = ""
@@ -304,6 +306,7 @@ class ModelProfile:
             limits=limits or None,
             onnxruntime_nodes=tuple(OnnxruntimeNode(**n) for n in data.get("onnxruntime_nodes", ())),
             onnxruntime_total_us=data.get("onnxruntime_total_us"),
+            onnxruntime_latency_ms=data.get("onnxruntime_latency_ms"),
             onnxruntime_note=data.get("onnxruntime_note", ""),
             how=data.get("how", ""),
         )

@@ -367,6 +367,7 @@ def _keep_profile(
             latency.tuned_ms,
             host_limits(store, job.spec.target),
             settings.profile_budget_s,
+            latency.references_ms.get("onnxruntime"),
         )
     except RuntimeError as exc:
         log.warning("job %s: profiling its tuned model failed: %s", job.id, exc)

@@ -25,16 +25,17 @@ from tuner.targets import canonical_target_key
 
 log = logging.getLogger(__name__)
 
-#: The name of the profile's row for the VM's own work (allocation, shape checks, reshapes, tuples).
-RUNTIME_ROW = "VM runtime (builtins)"
+#: The name of the profile's row for the VM's own work (allocation, shape checks, reshapes, the calls):
+#: the model's run less its kernels; its calls are the VM's builtin calls.
+RUNTIME_ROW = "VM runtime (the rest of the run)"
 _RUNTIME_PREFIX = "vm."
 HOW = (
     "Kiln: each kernel timed in place, on the tensors it gets in a run of the compiled model (TVM's "
-    "time_evaluator just before its call; median of 5 repeats); the VM's builtins timed between its "
-    "instrument's calls, median over the runs, less the instrument's own cost. FLOPs from each kernel's TIR; "
-    "bytes = its argument tensors (each read or written once: the least it can move). onnxruntime: its own "
-    "profiler (enable_profiling), median per node. The roofline: this machine's measured fp32 FMA peak and "
-    "STREAM triad bandwidth (kiln machine)."
+    "time_evaluator just before its call; median of 5 repeats); the VM's own work is the model's run "
+    "(median, uninstrumented, in the same process) less its kernels. FLOPs from each kernel's TIR; bytes = "
+    "its argument tensors (each read or written once: the least it can move; a kernel whose data stays in "
+    "the caches can run above the memory roof). onnxruntime: its own profiler (enable_profiling), median "
+    "per node. The roofline: this machine's measured fp32 FMA peak and STREAM triad bandwidth (kiln machine)."
 )
 
 
@@ -65,13 +66,20 @@ def build_profile(
     onnxruntime_note: str = "",
     latency_ms: float | None = None,
     limits: MachineLimits | None = None,
+    onnxruntime_latency_ms: float | None = None,
 ) -> ModelProfile:
     """The profile of one model from its profiled calls (:func:`tuner.profile_runs.tvm_kernel_calls`),
     its kernels' FLOPs and, optionally, onnxruntime's profile
     (:func:`tuner.profile_runs.onnxruntime_node_times`)."""
     calls = kiln["calls"]
-    total_us = sum(c["us"] for c in calls)
     kernel_calls = [c for c in calls if not c["name"].startswith(_RUNTIME_PREFIX)]
+    kernels_us = sum(c["us"] for c in kernel_calls)
+    builtins = len(calls) - len(kernel_calls)
+    # The VM's own work is the run's time outside the kernels (none when the kernels, timed in place,
+    # took longer than the whole run).
+    run_us = kiln.get("run_us")
+    runtime_us = max(0.0, run_us - kernels_us) if run_us else 0.0
+    total_us = kernels_us + runtime_us
     order: list[str] = []
     times: dict[str, list[float]] = defaultdict(list)
     sizes: dict[str, list[int]] = defaultdict(list)
@@ -114,21 +122,20 @@ def build_profile(
         )
         for name in order
     ]
-    runtime = [c["us"] for c in calls if c["name"].startswith(_RUNTIME_PREFIX)]
-    if runtime:
-        rows.append(
-            KernelProfile(RUNTIME_ROW, "runtime", len(runtime), sum(runtime), sum(runtime) / total_us)
-        )
+    if builtins or runtime_us:
+        share = runtime_us / total_us if total_us > 0 else 0.0
+        rows.append(KernelProfile(RUNTIME_ROW, "runtime", builtins, runtime_us, share))
     rows.sort(key=lambda k: k.total_us, reverse=True)
     return ModelProfile(
         kernels=tuple(rows),
         runs=int(kiln["runs"]),
         total_us=total_us,
         latency_ms=latency_ms,
-        run_us=kiln.get("run_us"),
+        run_us=run_us,
         limits=limits,
         onnxruntime_nodes=nodes,
         onnxruntime_total_us=onnxruntime.get("run_us") if onnxruntime else None,
+        onnxruntime_latency_ms=onnxruntime_latency_ms if onnxruntime else None,
         onnxruntime_note=onnxruntime_note,
         how=HOW,
     )
@@ -144,6 +151,7 @@ def profile_model(
     latency_ms: float | None = None,
     limits: MachineLimits | None = None,
     budget_s: float = 2.0,
+    onnxruntime_latency_ms: float | None = None,
 ) -> ModelProfile:
     """Profile the compiled model at ``tuned_lib`` (and onnxruntime on ``onnx_file`` when given), each in a
     fresh process for about ``budget_s`` seconds of runs, on ``inputs``."""
@@ -158,7 +166,9 @@ def profile_model(
         except RuntimeError as exc:  # Kiln's own profile stands without it; say why it is missing
             log.warning("onnxruntime's profile failed: %s", exc)
             onnxruntime_note = f"onnxruntime's profile failed: {str(exc)[:300]}"
-    return build_profile(kiln, flops, onnxruntime, onnxruntime_note, latency_ms, limits)
+    return build_profile(
+        kiln, flops, onnxruntime, onnxruntime_note, latency_ms, limits, onnxruntime_latency_ms
+    )
 
 
 def host_key(target: dict[str, Any]) -> str:

@@ -4,15 +4,12 @@
 * **Kiln**: the Relax VM calls an instrument before each of its Call instructions, with the function and
   its arguments. Each kernel is timed **in place**: in one run of the model, just before its own call,
   TVM's ``time_evaluator`` runs it on the very tensors it gets (the median of a few repeats, timed in C++:
-  no Python between the calls, and its inputs as warm in the caches as its producer left them). Timing
-  from Python around every call instead added 1-2 µs of argument conversion per call and varied by 2x
-  from one process to the next on a 2-core VM (a small CNN: 235-466 µs); in place, 222-245 µs. The VM's
-  builtins (allocation, shape checks, reshapes) are timed between the instrument's before and after
-  calls over several runs (median per call), less the instrument's own cost: the time of the cheapest
-  call, a builtin that does nothing (~0.4 µs). Arguments are sized once (their total is the bytes a
-  kernel moves at the least). The same process then times the model's run uninstrumented: how fast a
-  run is varies from one process to the next on a shared VM (a small CNN: 210-360 µs), so the profile is
-  checked against the run it was taken beside.
+  no Python between the calls, and its inputs as warm in the caches as its producer left them). The
+  same process then times the model's run, uninstrumented; the run less its kernels is the VM's own work
+  (allocation, shape checks, the calls themselves). Timing every call from Python around it instead
+  added 1-2 µs of argument conversion per call, more than most builtins take, and varied by 2x from one
+  process to the next on a 2-core VM (a small CNN's profile: 235-466 µs so, 222-245 µs in place). Arguments are
+  sized once (their total is the bytes a kernel moves at the least).
 * **onnxruntime**: its own profiler (``enable_profiling``) writes one event per node per run; the same
   medians are taken per node, in the order the nodes ran.
 """
@@ -30,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-#: Runs profiled after the warm-up runs: at least MIN_RUNS, at most MAX_RUNS, within the budget.
+#: onnxruntime's runs profiled after the warm-up runs: at least MIN_RUNS, at most MAX_RUNS, within the
+#: budget.
 MIN_RUNS = 5
 MAX_RUNS = 50
 WARMUP_RUNS = 2
@@ -60,7 +58,8 @@ def _run_count(run: Any, budget_s: float) -> int:
 
 def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> dict[str, Any]:
     """Every call of one run of the compiled model at ``path``: its function's name, the bytes of its
-    arguments, and its time (µs) — a kernel's timed in place, a builtin's as the median over runs."""
+    arguments and, for a kernel, its time (µs) timed in place; and the median of the model's runs (µs)
+    over about half of ``budget_s``, uninstrumented."""
     from kiln_tvm import tvm
     from tuner.compile import LoadedModel
     from tuner.measure import median_call_ms
@@ -87,41 +86,15 @@ def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> di
     in_place = _InPlaceTimer(tvm, lib, repeat_ms)
     model.vm.set_instrument(in_place)
     call()
-
-    durations: list[list[float]] = [[] for _ in names]
-    state = {"index": 0, "start": 0.0}
-
-    def builtins(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
-        if before:
-            state["start"] = time.perf_counter()
-            return _NO_OP
-        durations[state["index"]].append((time.perf_counter() - state["start"]) * 1e6)
-        state["index"] += 1
-        return _NO_OP
-
-    model.vm.set_instrument(builtins)
-    runs = _run_count(call, budget_s / 2)
-    for _ in range(runs):
-        state["index"] = 0
-        call()
     model.vm.set_instrument(None)
-    run_ms, _ = median_call_ms(call, budget_s / 4)
-    medians = [statistics.median(times) for times in durations]
-    # The instrument's own cost inside each interval (returning from one Python call into the VM, and
-    # entering the next) is what the cheapest call took: a builtin that does nothing (null_value).
-    overhead = min(medians, default=0.0)
+    run_ms, runs = median_call_ms(call, budget_s / 2)
     times = iter(in_place.times)
     return {
         "runs": runs,
         "run_us": run_ms * 1e3,
-        "overhead_us": overhead,
         "calls": [
-            {
-                "name": name,
-                "bytes": size,
-                "us": us - overhead if name.startswith(_RUNTIME_PREFIX) else next(times),
-            }
-            for name, size, us in zip(names, sizes, medians, strict=True)
+            {"name": name, "bytes": size, "us": None if name.startswith(_RUNTIME_PREFIX) else next(times)}
+            for name, size in zip(names, sizes, strict=True)
         ],
     }
 

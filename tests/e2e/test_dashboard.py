@@ -164,6 +164,43 @@ def test_upload_tune_watch_inspect_download(
     )
     assert "call_tir" in page.locator("#lowering-diff").inner_text()
     page.locator("#lowering").screenshot(path=str(OUTPUT / "job-lowering.png"))
+    # ... then one kernel down to the CPU: its tuned TIR beside the TIR before scheduling, its assembly.
+    kernel_steps = page.locator("#lowering-kernel-steps button")
+    assert [kernel_steps.nth(i).inner_text() for i in range(kernel_steps.count())] == [
+        "TIR (before scheduling)",
+        "Tuned TIR",
+        "Assembly",
+    ]
+    assert page.locator("#lowering-task option").count() == 2
+    kernel_steps.nth(1).click()
+    page.wait_for_function(
+        "(document.querySelector('#lowering-summary')?.innerText || '').includes('tuned TIR')"
+    )
+    page.locator("#lowering-diff").wait_for()
+    assert page.locator("#lowering-diff td.add").count() > 0
+    assert kernel_steps.nth(1).get_attribute("aria-current") == "step"
+    kernel_steps.nth(2).click()
+    page.wait_for_function("(document.querySelector('#lowering-summary')?.innerText || '').includes('FMAs')")
+    assert "_compute_:" in page.locator("#lowering-text").inner_text()
+
+    # The profile: each kernel under this machine's roofline, and a table sortable by any column.
+    page.locator("#profile-table tbody tr").first.wait_for(timeout=60_000)
+    assert page.locator("#roofline canvas").count() >= 1
+    assert "FMA peak" in page.locator("#profile-machine").inner_text()
+    assert "onnxruntime:" in page.locator("#profile-totals").inner_text()
+    rows = page.locator("#profile-table tbody tr")
+    assert rows.count() >= 3  # two kernels and the VM's own work
+    first_times = [
+        float(t) for t in page.locator("#profile-table tbody tr td:nth-child(3)").all_inner_texts()
+    ]
+    assert first_times == sorted(first_times, reverse=True)  # by time, largest first
+    page.click("#profile-table th[data-key=name]")
+    names = page.locator("#profile-table tbody tr td:nth-child(1)").all_inner_texts()
+    assert names == sorted(names) and page.get_attribute("#profile-table th[data-key=name]", "aria-sort") == (
+        "ascending"
+    )
+    page.click("#profile-table th[data-key=total_us]")
+    page.locator("#profile").screenshot(path=str(OUTPUT / "job-roofline.png"))
 
     page.screenshot(path=str(OUTPUT / "job-page.png"), full_page=True)
 

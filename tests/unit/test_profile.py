@@ -123,9 +123,9 @@ def _kiln_calls() -> dict:
         "runs": 10,
         "run_us": 120.0,
         "calls": [
-            {"name": "vm.builtin.alloc_tensor", "bytes": 0, "us": 1.0},
+            {"name": "vm.builtin.alloc_tensor", "bytes": 0, "us": None},
             {"name": "fused_conv2d_add_relu", "bytes": 4000, "us": 60.0},
-            {"name": "vm.builtin.reshape", "bytes": 0, "us": 0.5},
+            {"name": "vm.builtin.reshape", "bytes": 0, "us": None},
             {"name": "fused_conv2d_add_relu", "bytes": 4000, "us": 40.0},
             {"name": "fused_matmul_add_prepacked", "bytes": 1000, "us": 8.5},
         ],
@@ -147,11 +147,13 @@ def test_a_profile_has_one_row_per_kernel_and_one_for_the_runtime() -> None:
     profile = build_profile(_kiln_calls(), flops, onnxruntime, latency_ms=0.11, limits=LIMITS)
     assert [k.name for k in profile.kernels] == [
         "fused_conv2d_add_relu",
-        "fused_matmul_add_prepacked",
         RUNTIME_ROW,
+        "fused_matmul_add_prepacked",
     ]
-    conv, fc, runtime = profile.kernels
-    assert profile.total_us == pytest.approx(110.0) and profile.run_us == 120.0
+    conv, runtime, fc = profile.kernels
+    # The VM's own work: the run (120 µs) less the kernels (108.5 µs).
+    assert profile.total_us == pytest.approx(120.0) and profile.run_us == 120.0
+    assert runtime.total_us == pytest.approx(11.5)
     assert sum(k.share for k in profile.kernels) == pytest.approx(1.0)
     assert conv.calls == 2 and conv.total_us == 100.0 and conv.bytes == 4000
     assert conv.gflops == pytest.approx(2 * 2e6 / 100e-6 / 1e9)
@@ -165,6 +167,12 @@ def test_a_profile_has_one_row_per_kernel_and_one_for_the_runtime() -> None:
 
     again = ModelProfile.from_dict(profile.as_dict())
     assert again == profile
+
+
+def test_kernels_slower_in_place_than_the_run_leave_the_runtime_nothing() -> None:
+    profile = build_profile({**_kiln_calls(), "run_us": 100.0}, {})
+    runtime = next(k for k in profile.kernels if k.kind == "runtime")
+    assert runtime.total_us == 0.0 and profile.total_us == pytest.approx(108.5)
 
 
 def test_memory_bound_kernels_lie_left_of_the_ridge() -> None:
@@ -201,7 +209,7 @@ def test_a_compiled_model_is_profiled_call_by_call(tmp_path: Path) -> None:
     imported = load_model(model_path, {})
     lib = export_library(build_untuned(imported.mod, to_tvm_target(host_target())), tmp_path / "m.so")
     calls = tvm_kernel_calls(str(lib), random_inputs(imported.signature), budget_s=0.2)
-    assert calls["run_us"] > 0 and calls["runs"] >= 5 and 0 <= calls["overhead_us"] < 50
+    assert calls["run_us"] > 0 and calls["runs"] >= 5
 
     # Every kernel called is a TIR function of the lowered model, and its FLOPs are known from its TIR.
     flops = kernel_flops(relax.transform.LegalizeOps()(imported.mod))  # what plain compilation calls
@@ -209,7 +217,8 @@ def test_a_compiled_model_is_profiled_call_by_call(tmp_path: Path) -> None:
     kernels = {n for n in names if not n.startswith("vm.")}
     assert kernels and kernels <= set(flops) | {"reshape", "transpose"}, kernels - set(flops)
     assert any(n.startswith("vm.builtin.") for n in names)
-    assert all(c["us"] >= 0 for c in calls["calls"])
+    assert all(c["us"] is None for c in calls["calls"] if c["name"].startswith("vm."))
+    assert all(c["us"] >= 0 for c in calls["calls"] if not c["name"].startswith("vm."))
     convs = [c for c in calls["calls"] if c["name"].startswith("conv2d")]
     assert len(convs) == 3 and all(c["bytes"] > 0 and c["us"] > 0 for c in convs)
-    assert flops["conv2d"] > 0 and np.isfinite(sum(c["us"] for c in calls["calls"]))
+    assert flops["conv2d"] > 0 and np.isfinite(sum(c["us"] for c in convs))

@@ -1,6 +1,7 @@
 // The lowering of a job, level by level: a stepper over the program as imported and after each graph
-// pass (with what the pass changed), and the chosen level side by side with the level before it, the
-// lines the pass removed and added marked. Each level's program is loaded when it is opened.
+// pass (with what the pass changed), then one kernel's levels (its TIR before scheduling, its tuned TIR,
+// its assembly), and the chosen level side by side with the level before it, the lines removed and added
+// marked. Each level is loaded when it is opened.
 
 import { api } from "../api.js";
 import { errorBox, fill, h } from "../dom.js";
@@ -40,13 +41,79 @@ function changeText(level) {
   return kinds.length ? `${counts}: ${kinds.join(", ")}` : `${counts}; the program changed`;
 }
 
+// A kernel's levels below the graph: what each shows, loaded from the task's routes.
+const KERNEL_LEVELS = [
+  ["tir", "TIR (before scheduling)"],
+  ["tuned", "Tuned TIR"],
+  ["asm", "Assembly"],
+];
+
+function diffTable(beforeName, afterName, rows) {
+  return h("table", { class: "diff", id: "lowering-diff" },
+    h("thead", {}, h("tr", {}, h("th", {}, `before: ${beforeName}`), h("th", {}, `after: ${afterName}`))),
+    h("tbody", {}, rows.map(([left, right, kind]) => h("tr", { class: kind },
+      h("td", { class: kind === "del" ? "del" : "" }, left), h("td", { class: kind === "add" ? "add" : "" }, right)))));
+}
+
+function diffCounts(rows) {
+  const added = rows.filter((r) => r[2] === "add").length, removed = rows.filter((r) => r[2] === "del").length;
+  return h("p", { class: "hint" }, `${removed} lines removed, ${added} added`);
+}
+
 export function loweringView(jobId) {
   const steps = h("ol", { class: "stepper", id: "lowering-steps" });
+  const kernelSteps = h("ol", { class: "stepper", id: "lowering-kernel-steps" },
+    KERNEL_LEVELS.map(([stage, label]) => h("li", {},
+      h("button", { dataset: { key: `kernel:${stage}` }, onclick: () => openKernel(stage) }, label))));
+  const kernelPick = h("select", { id: "lowering-task", "aria-label": "Kernel", onchange: () => openKernel(current.startsWith("kernel:") ? current.slice(7) : "tir") });
   const detail = h("div", { id: "lowering-level" });
   let levels = [];
+  let current = "";
+
+  function mark(key) {
+    current = key;
+    for (const b of [...steps.querySelectorAll("button"), ...kernelSteps.querySelectorAll("button")]) {
+      b.setAttribute("aria-current", b.dataset.key === key ? "step" : "false");
+    }
+  }
+
+  function setTasks(tasks) {
+    const chosen = kernelPick.value;
+    fill(kernelPick, tasks.map((t, i) => h("option", { value: String(t.id) }, `#${i} ${t.name}`)));
+    if (chosen) kernelPick.value = chosen;
+  }
+
+  async function openKernel(stage) {
+    mark(`kernel:${stage}`);
+    const taskId = kernelPick.value;
+    if (!taskId) { fill(detail, h("p", { class: "muted" }, "No kernel yet.")); return; }
+    const name = kernelPick.selectedOptions[0]?.textContent || "";
+    fill(detail, h("p", { class: "muted" }, "Loading…"));
+    try {
+      if (stage === "asm") {
+        const asm = await api(`jobs/${jobId}/tasks/${taskId}/asm`);
+        const fma = Object.entries(asm.mix.fma).filter(([, n]) => n).map(([width, n]) => `${n} ${width}`).join(", ") || "none";
+        fill(detail, h("p", { id: "lowering-summary" }, `${name}: assembly as compiled into the model — ${asm.mix.instructions} instructions; FMAs: ${fma}; widest vector register ${asm.mix.widest_vector_bits} bits`),
+          h("pre", { class: "code diff", id: "lowering-text" }, asm.text));
+        return;
+      }
+      const best = await api(`jobs/${jobId}/tasks/${taskId}/best`);
+      if (stage === "tir") {
+        fill(detail, h("p", { id: "lowering-summary" }, `${name}: its TIR as fusion left it, before scheduling`),
+          h("pre", { class: "code diff", id: "lowering-text" }, best.tir_before));
+        return;
+      }
+      const summary = h("p", { id: "lowering-summary" }, `${name}: tuned TIR, the best schedule applied (${best.latency_us.toFixed(1)} µs${best.gflops ? `, ${best.gflops.toFixed(1)} GFLOP/s` : ""})`);
+      const rows = lineDiff(best.tir_before, best.tir);
+      if (rows === null) { fill(detail, summary, h("pre", { class: "code diff", id: "lowering-text" }, best.tir)); return; }
+      fill(detail, summary, diffCounts(rows), h("div", { class: "diff-scroll" }, diffTable("TIR before scheduling", "tuned TIR", rows)));
+    } catch (err) {
+      fill(detail, errorBox(err));
+    }
+  }
 
   async function open(position) {
-    for (const b of steps.querySelectorAll("button")) b.setAttribute("aria-current", b.dataset.position === String(position) ? "step" : "false");
+    mark(`graph:${position}`);
     const level = levels[position];
     fill(detail, h("p", { class: "muted" }, "Loading…"));
     try {
@@ -65,12 +132,7 @@ export function loweringView(jobId) {
           h("pre", { class: "code diff", id: "lowering-text" }, here.text));
         return;
       }
-      const table = h("table", { class: "diff", id: "lowering-diff" },
-        h("thead", {}, h("tr", {}, h("th", {}, `before: ${before.name}`), h("th", {}, `after: ${here.name}`))),
-        h("tbody", {}, rows.map(([left, right, kind]) => h("tr", { class: kind },
-          h("td", { class: kind === "del" ? "del" : "" }, left), h("td", { class: kind === "add" ? "add" : "" }, right)))));
-      const added = rows.filter((r) => r[2] === "add").length, removed = rows.filter((r) => r[2] === "del").length;
-      fill(detail, summary, h("p", { class: "hint" }, `${removed} lines removed, ${added} added`), h("div", { class: "diff-scroll" }, table));
+      fill(detail, summary, diffCounts(rows), h("div", { class: "diff-scroll" }, diffTable(before.name, here.name, rows)));
     } catch (err) {
       fill(detail, errorBox(err));
     }
@@ -80,7 +142,7 @@ export function loweringView(jobId) {
     try {
       levels = await api(`jobs/${jobId}/ir`);
       fill(steps, levels.map((level) => h("li", { class: level.changed ? "changed" : "unchanged" },
-        h("button", { dataset: { position: String(level.position) }, onclick: () => open(level.position) }, `${level.position} ${level.name}`),
+        h("button", { dataset: { key: `graph:${level.position}` }, onclick: () => open(level.position) }, `${level.position} ${level.name}`),
         h("span", { class: "muted" }, ` ${changeText(level)}`))));
       const last = [...levels].reverse().find((lv) => lv.changed);
       if (last) open(last.position);
@@ -92,8 +154,12 @@ export function loweringView(jobId) {
   return {
     el: h("div", { class: "card", id: "lowering" },
       h("h2", {}, "Lowering, pass by pass"),
-      h("p", { class: "hint" }, "The program as imported, then after each graph pass; pick a level to see it beside the level before it."),
-      h("div", { class: "lowering" }, steps, detail)),
+      h("p", { class: "hint" }, "The program as imported, then after each graph pass, then one kernel down to the code the CPU runs; pick a level to see it beside the level before it."),
+      h("div", { class: "lowering" },
+        h("div", {}, steps,
+          h("h3", {}, "Then one kernel"), kernelPick, kernelSteps),
+        detail)),
     show,
+    setTasks,
   };
 }

@@ -1,5 +1,5 @@
-// One job: header, tuning curves, tasks, before/after latency and the compiler view, kept live by the
-// job's event stream.
+// One job: header, tuning curves, tasks, before/after latency, the compiler view, the lowering and the
+// profile of the tuned model, kept live by the job's event stream.
 
 import { api, streamEvents } from "../api.js";
 import { h } from "../dom.js";
@@ -7,6 +7,7 @@ import { compilerView } from "../job/compiler.js";
 import { tuningCurves } from "../job/curves.js";
 import { jobHead, latencyBars } from "../job/head.js";
 import { loweringView } from "../job/lowering.js";
+import { profileView } from "../job/profile.js";
 import { taskTable } from "../job/tasks.js";
 
 export function jobPage(view, jobId) {
@@ -17,7 +18,9 @@ export function jobPage(view, jobId) {
   const bars = latencyBars();
   const compiler = compilerView(jobId);
   const lowering = loweringView(jobId);
+  const profile = profileView(jobId);
   let known = [];
+  let profiled = false;
 
   view.append(head.el,
     h("div", { class: "row" },
@@ -27,7 +30,8 @@ export function jobPage(view, jobId) {
       h("div", { class: "card" }, h("h2", {}, "Tasks"), tasks.el),
       h("div", { class: "card", style: "flex: 0 1 420px" }, h("h2", {}, "Before / after (end to end)"), bars.el)),
     compiler.el,
-    lowering.el);
+    lowering.el,
+    profile.el);
 
   function apply(snapshot) {
     const firstTasks = !known.length && snapshot.tasks.length;
@@ -36,11 +40,16 @@ export function jobPage(view, jobId) {
     tasks.render(known);
     curves.setTasks(known);
     compiler.setTasks(known);
+    lowering.setTasks(known);
     bars.render(snapshot.job);
     if (firstTasks) {
       compiler.showGraph();
       lowering.show();
       if (known.some((t) => t.best_latency_us)) compiler.showTask(known[0].id);
+    }
+    if (!profiled && snapshot.job.status === "succeeded") {  // a job profiles its model as it measures it
+      profiled = true;
+      profile.show();
     }
     curves.schedule(false);
   }
