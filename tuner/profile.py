@@ -8,6 +8,7 @@ and builds the :class:`~tuner.entities.ModelProfile` a job keeps.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from collections import defaultdict
@@ -18,6 +19,7 @@ import numpy as np
 
 from kiln_tvm import estimate_flops, tvm
 from tuner.entities import KernelProfile, MachineLimits, ModelProfile, OnnxruntimeNode
+from tuner.errors import Conflict
 from tuner.measure import run_child
 from tuner.profile_match import KilnCall, OrtNode, match_nodes
 from tuner.store.sql import Store
@@ -179,8 +181,6 @@ def host_key(target: dict[str, Any]) -> str:
 def measure_host_limits(target: dict[str, Any]) -> MachineLimits:
     """Measure this machine's roofs for a host CPU ``target`` in a fresh process (no other runtime's
     threads compete with the benchmark)."""
-    import json
-
     measured = run_child(["limits", json.dumps(target)], timeout_s=300)
     return MachineLimits(**measured)
 
@@ -192,4 +192,8 @@ def host_limits(store: Store, target: dict[str, Any]) -> MachineLimits:
     cached = store.get_machine_limits(key)
     if cached is not None:
         return cached
-    return store.save_machine_limits(key, measure_host_limits(target))
+    measured = measure_host_limits(target)
+    try:
+        return store.save_machine_limits(key, measured)
+    except Conflict:  # another worker on this host measured and kept its figures first: those stand
+        return store.get_machine_limits(key) or measured
