@@ -143,7 +143,12 @@ def print_profile(profile: ModelProfile, job_id: str) -> None:
     if profile.limits:
         console.print(f"this machine: {limits_line(profile.limits)}", highlight=False)
     console.print(profile_table(profile, job_id))
-    beside = f", the run beside it {profile.run_us:.1f} µs" if profile.run_us else ""
+    beside = (
+        f"; the kernels {profile.kernels_us:.1f} µs, {100 * profile.kernels_us / profile.run_us:.0f} % of the "
+        f"run timed beside them ({profile.run_us:.1f} µs)"
+        if profile.run_us
+        else ""
+    )
     latency = f"; the job measured {profile.latency_ms * 1e3:.1f} µs" if profile.latency_ms else ""
     console.print(f"profiled total {profile.total_us:.1f} µs{beside}{latency}", highlight=False)
     if profile.onnxruntime_total_us is not None:

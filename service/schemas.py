@@ -545,6 +545,7 @@ class ProfileOut(EntityOut):
     job_id: str
     runs: int = Field(description="Profiled runs the medians are over")
     total_us: float = Field(description="Sum of every row's time: one run of the model as profiled")
+    kernels_us: float = Field(description="The kernels' time, each timed in place, in one run")
     latency_ms: float | None = Field(description="The tuned model's latency as the job measured it")
     run_us: float | None = Field(
         description="The model's run, uninstrumented, timed in the process that profiled it (median)"

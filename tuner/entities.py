@@ -277,6 +277,11 @@ class ModelProfile:
     how: str = ""
 
     @property
+    def kernels_us(self) -> float:
+        """The kernels' time in one run (the profile's total less the VM's own)."""
+        return sum(k.total_us for k in self.kernels if k.kind == "kernel")
+
+    @property
     def onnxruntime_unmatched_us(self) -> float:
         """onnxruntime's time in nodes no Kiln kernel matched."""
         return sum(n.us for n in self.onnxruntime_nodes if n.kernel is None)

@@ -153,7 +153,7 @@ def test_a_profile_has_one_row_per_kernel_and_one_for_the_runtime() -> None:
     conv, runtime, fc = profile.kernels
     # The VM's own work: the run (120 µs) less the kernels (108.5 µs).
     assert profile.total_us == pytest.approx(120.0) and profile.run_us == 120.0
-    assert runtime.total_us == pytest.approx(11.5)
+    assert runtime.total_us == pytest.approx(11.5) and profile.kernels_us == pytest.approx(108.5)
     assert sum(k.share for k in profile.kernels) == pytest.approx(1.0)
     assert conv.calls == 2 and conv.total_us == 100.0 and conv.bytes == 4000
     assert conv.gflops == pytest.approx(2 * 2e6 / 100e-6 / 1e9)

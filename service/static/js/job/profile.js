@@ -141,7 +141,7 @@ export function profileView(jobId) {
     const l = profile.limits;
     fill(machine, l ? `This machine (${l.host}): fp32 FMA peak ${l.peak_gflops.toFixed(1)} GFLOP/s on ${l.threads} thread(s), STREAM triad ${l.bandwidth_gbs.toFixed(1)} GB/s, ridge at ${l.ridge_intensity.toFixed(1)} FLOP/B. ${l.how}.` : "This machine's limits were not measured.");
     if (l) rooflineChart(chart, hover, l, profile.kernels);
-    const beside = profile.run_us ? `; the run beside it ${profile.run_us.toFixed(1)} µs` : "";
+    const beside = profile.run_us ? `; the kernels ${profile.kernels_us.toFixed(1)} µs, ${(100 * profile.kernels_us / profile.run_us).toFixed(0)} % of the run timed beside them (${profile.run_us.toFixed(1)} µs)` : "";
     const measured = profile.latency_ms ? `; the job measured ${(profile.latency_ms * 1e3).toFixed(1)} µs` : "";
     const ort = profile.onnxruntime_total_us !== null
       ? ` onnxruntime: ${profile.onnxruntime_total_us.toFixed(1)} µs per run by its own profiler${profile.onnxruntime_latency_ms ? ` (${(profile.onnxruntime_latency_ms * 1e3).toFixed(1)} µs unprofiled: its profiler adds a cost per node)` : ""}, ${profile.onnxruntime_unmatched_us.toFixed(1)} µs of it in nodes no Kiln kernel matched; ort / Kiln above 1: Kiln's kernel is faster.`
