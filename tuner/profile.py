@@ -27,13 +27,15 @@ from tuner.targets import canonical_target_key
 
 log = logging.getLogger(__name__)
 
-#: The name of the profile's row for the VM's own work (allocation, shape checks, reshapes, the calls):
-#: the model's run less its kernels; its calls are the VM's builtin calls.
+#: The name of the profile's row for the rest of the run: the model's run less its kernels timed in place,
+#: i.e. the VM's own work (allocation, shape checks, reshapes, the calls) and what running in sequence
+#: costs the kernels (caches their producer did not warm, threads to wake); its calls: the VM's builtins.
 RUNTIME_ROW = "VM runtime (the rest of the run)"
 _RUNTIME_PREFIX = "vm."
 HOW = (
     "Kiln: each kernel timed in place, on the tensors it gets in a run of the compiled model (TVM's "
-    "time_evaluator just before its call; median of 5 repeats); the VM's own work is the model's run "
+    "time_evaluator just before its call; median of 5 repeats, the lower of two passes); the rest of the "
+    "run (the VM's own work, and what running in sequence costs the kernels) is the model's run "
     "(median, uninstrumented, in the same process) less its kernels. FLOPs from each kernel's TIR; bytes = "
     "its argument tensors (each read or written once: the least it can move; a kernel whose data stays in "
     "the caches can run above the memory roof). onnxruntime: its own profiler (enable_profiling), median "

@@ -6,7 +6,8 @@
   TVM's ``time_evaluator`` runs it on the very tensors it gets (the median of a few repeats, timed in C++:
   no Python between the calls, and its inputs as warm in the caches as its producer left them), in two
   passes, the lower of each call's two times kept. Between them the same process times the model's run,
-  uninstrumented; the run less its kernels is the VM's own work
+  uninstrumented; the run less its kernels is the VM's own work and what running in sequence costs the
+  kernels (caches their producer did not warm for them, threads to wake)
   (allocation, shape checks, the calls themselves). Timing every call from Python around it instead
   added 1-2 µs of argument conversion per call, more than most builtins take, and varied by 2x from one
   process to the next on a 2-core VM (a small CNN's profile: 235-466 µs so, 222-245 µs in place). Arguments are
