@@ -186,40 +186,56 @@ def _bind_torch_shapes(
 def load_torch(path: Path, given: dict[str, tuple[int, ...]], max_unpacked_bytes: int) -> ImportedModel:
     torch = import_torch()
     program = load_program(torch, path, max_unpacked_bytes)
-    data = path.read_bytes()
-    declared = program_signature(program, path.name)
+    return import_program(program, path.name, given, path.read_bytes())
 
-    tvm_torch = tvm_frontends().torch_importer()
+
+def import_program(
+    program: Any, model_name: str, given: Mapping[str, tuple[int, ...]], canonical: bytes
+) -> ImportedModel:
+    """Import an ``ExportedProgram`` (read from a .pt2 file, or exported in this process) with every input
+    shape static: the ``given`` shapes bind its symbolic sizes. ``canonical`` is the program's .pt2 bytes."""
+    torch = import_torch()
+    declared = program_signature(program, model_name)
+    program = decompose_program(program, model_name)
+    examples = _torch_example_shapes(torch, program, tuple(s.name for s in declared.inputs))
+    shapes = resolve_input_shapes(declared.inputs, given, examples)
+    mod = convert_program(program, model_name)
+    check_param_count(mod, model_name, declared.inputs)
+    mod = _bind_torch_shapes(mod, declared.inputs, shapes)
+    outputs = _torch_output_names(len(declared.outputs))
+    return imported_model(mod, model_name, declared, shapes, outputs, ModelFormat.TORCH_EXPORT, canonical)
+
+
+def decompose_program(program: Any, model_name: str) -> Any:
+    """The program decomposed to core ATen, what TVM's importer converts."""
     try:
         with quiet_importer("torch.export decomposition"):
-            program = program.run_decompositions()
+            return program.run_decompositions()
     except Exception as err:  # noqa: BLE001
         raise InvalidModel(
-            f"could not decompose the program in '{path.name}' to core ATen: {short_error(err)}"
+            f"could not decompose the program in '{model_name}' to core ATen: {short_error(err)}"
         ) from None
 
+
+def convert_program(program: Any, model_name: str) -> tvm.IRModule:
+    """Relax ``main`` of a decomposed program, its weights bound as constants; every operator TVM lacks is
+    named at once (:class:`UnsupportedOperator`), any other failure is an :class:`InvalidModel`. Symbolic
+    sizes stay symbolic."""
+    torch = import_torch()
+    tvm_torch = tvm_frontends().torch_importer()
     unsupported = _unsupported_torch_ops(torch, program, tvm_frontends().torch_convert_map())
     if unsupported:
         raise UnsupportedOperator(operators=unsupported, importer="PyTorch")
-
-    examples = _torch_example_shapes(torch, program, tuple(s.name for s in declared.inputs))
-    shapes = resolve_input_shapes(declared.inputs, given, examples)
-
     try:
         with quiet_importer("PyTorch importer"):
-            mod = tvm_torch.from_exported_program(
+            return tvm_torch.from_exported_program(
                 program,
                 keep_params_as_input=False,
                 unwrap_unit_return_tuple=True,
-                run_ep_decomposition=False,  # done above, so the operator check saw what gets converted
+                run_ep_decomposition=False,  # done before, so the operator check saw what gets converted
             )
     except Exception as err:  # noqa: BLE001 - every importer failure becomes a typed error
         node = tvm_frontends().failed_torch_node(err.__traceback__)
         target = getattr(node, "target", None)
         op = str(target) if target is not None else None
-        raise conversion_error(err, "PyTorch", path.name, op, getattr(node, "name", None)) from None
-
-    check_param_count(mod, path.name, declared.inputs)
-    mod = _bind_torch_shapes(mod, declared.inputs, shapes)
-    outputs = _torch_output_names(len(declared.outputs))
-    return imported_model(mod, path.name, declared, shapes, outputs, ModelFormat.TORCH_EXPORT, data)
+        raise conversion_error(err, "PyTorch", model_name, op, getattr(node, "name", None)) from None

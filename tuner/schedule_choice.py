@@ -1,0 +1,150 @@
+"""The schedule each kernel of a model is compiled with when nothing is tuned now: its best tuned record
+from Kiln's store, or else a schedule Kiln builds without measuring anything.
+
+Unscheduled TIR compiles to serial loops (TVM's untuned baseline is ~100x slower than a tuned model on a
+ResNet). A kernel without a record therefore takes, in this order: a default rule's schedule
+(:mod:`schedules.defaults`: reductions, GEMV, transposes), the polyhedral model's best-ranked tiling
+(:func:`schedules.poly.search.seed_schedules`: matmuls and convolutions), or a sample of MetaSchedule's
+design space with its postprocessors applied (elementwise kernels: parallel, vectorised). All of them go
+into one in-memory MetaSchedule database that :func:`tuner.compile.build_tuned` applies, so the compiled
+model is built exactly as a tuned one is.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from kiln_tvm import Target, ms, physical_core_count, s_tir, structural_hash
+from schedules.defaults import default_schedule
+from schedules.loops import fp32_lanes
+from schedules.poly.caches import CacheHierarchy
+from schedules.poly.search import seed_schedules
+from schedules.poly.tiling import MachineModel
+from schedules.spaces import SpaceOptions, space_for
+
+log = logging.getLogger(__name__)
+
+#: A record's latency stands for an unmeasured schedule's (the database orders records by it).
+UNMEASURED_S = 1e9
+
+
+class ScheduleSource(str, Enum):
+    """Where a kernel's schedule came from."""
+
+    TUNED = "tuned"  # the best measured record in Kiln's store
+    RULE = "rule"  # a default rule (schedules.defaults)
+    MODEL = "model"  # the polyhedral model's best-ranked tiling, not measured
+    SAMPLED = "sampled"  # a sample of MetaSchedule's design space, not measured
+    NONE = "none"  # left unscheduled: serial loops
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The schedule one task's kernel is compiled with."""
+
+    task: str
+    workload_hash: str
+    weight: int  # calls of the kernel in the model
+    source: ScheduleSource
+    latency_ms: float | None  # the record's measured latency (tuned only)
+
+
+def choose_schedules(
+    tasks: list[Any], target: Target, store_database: Any | None, caches: CacheHierarchy
+) -> tuple[Any, list[KernelChoice]]:
+    """An in-memory database with one record per task (its best record in ``store_database``, else a
+    schedule built without measuring), and what each task got."""
+    memory = ms.database.MemoryDatabase()
+    choices: list[KernelChoice] = []
+    for task in tasks:
+        mod = task.dispatched[0]
+        source, latency_ms, record = _tuned_record(store_database, mod)
+        if record is not None:
+            memory.commit_tuning_record(
+                ms.database.TuningRecord(
+                    trace=record.trace,
+                    workload=memory.commit_workload(mod),
+                    run_secs=record.run_secs,
+                    target=target,
+                    args_info=record.args_info,
+                )
+            )
+        else:
+            source, sch = untuned_schedule(mod, target, str(task.task_name), caches)
+            if sch is not None:
+                memory.commit_tuning_record(
+                    ms.database.TuningRecord(
+                        trace=sch.trace,
+                        workload=memory.commit_workload(mod),
+                        run_secs=[UNMEASURED_S],
+                        target=target,
+                        args_info=ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True),
+                    )
+                )
+        choices.append(
+            KernelChoice(str(task.task_name), structural_hash(mod), int(task.weight), source, latency_ms)
+        )
+    return memory, choices
+
+
+def _tuned_record(store_database: Any | None, mod: Any) -> tuple[ScheduleSource, float | None, Any]:
+    if store_database is None or not store_database.has_workload(mod):
+        return ScheduleSource.NONE, None, None
+    best = store_database.get_top_k(store_database.commit_workload(mod), 1)
+    if not best:
+        return ScheduleSource.NONE, None, None
+    secs = [float(s) for s in best[0].run_secs or []]
+    return ScheduleSource.TUNED, (sum(secs) / len(secs) * 1e3 if secs else None), best[0]
+
+
+def untuned_schedule(
+    mod: Any, target: Target, task_name: str, caches: CacheHierarchy
+) -> tuple[ScheduleSource, s_tir.Schedule | None]:
+    """A schedule of a task's module built without measuring: a rule's, the model's best tiling, or a
+    design-space sample (see the module's docstring); ``NONE`` when none applies."""
+    sch = default_schedule(mod, target)
+    if sch is not None:
+        return ScheduleSource.RULE, sch
+    if target.kind.name != "llvm":
+        return ScheduleSource.NONE, None
+    cores = int(target.attrs.get("num-cores", physical_core_count()))
+    try:
+        poly = _context(mod, target, task_name, "cpu-poly", caches, cores)
+        seeds = seed_schedules(poly, MachineModel(fp32_lanes(target), cores, caches), 1)
+        if seeds:
+            return ScheduleSource.MODEL, seeds[0]
+        sampled = _design_space_sample(_context(mod, target, task_name, "cpu", caches, cores))
+    except Exception as exc:  # noqa: BLE001 - a kernel no generator takes is compiled unscheduled
+        log.info("no untuned schedule of %s: %s", task_name, str(exc).splitlines()[0] if str(exc) else exc)
+        return ScheduleSource.NONE, None
+    return (ScheduleSource.SAMPLED, sampled) if sampled is not None else (ScheduleSource.NONE, None)
+
+
+def _context(mod: Any, target: Target, task_name: str, space: str, caches: CacheHierarchy, cores: int) -> Any:
+    return ms.TuneContext(
+        mod=mod,
+        target=target,
+        space_generator=space_for(target, space, SpaceOptions(caches=caches)),
+        task_name=task_name,
+        rand_state=1,
+        num_threads=cores,
+    ).clone()
+
+
+def _design_space_sample(context: Any) -> s_tir.Schedule | None:
+    """The first design space with its sampled decisions and the postprocessors applied."""
+    mod = context.mod
+    postprocs = list(context.space_generator.postprocs)
+    for space in context.space_generator.generate_design_space(mod):
+        sch = s_tir.Schedule(mod, seed=1)
+        try:
+            space.trace.apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            if all(p.apply(sch) for p in postprocs):
+                return sch
+        except (RuntimeError, ValueError):
+            continue
+    return None
