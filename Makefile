@@ -4,8 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 KILN := $(VENV)/bin/kiln
-# Tests also exercise .pt2 import, so they install the torch extra (a local CPU wheel).
-DEV_EXTRAS ?= dev,torch
+# Tests also exercise .pt2 and JAX import, so they install the torch and jax extras (local CPU wheels).
+DEV_EXTRAS ?= dev,torch,jax
 
 .PHONY: run demo test lint format bench install dev clean
 

@@ -27,6 +27,8 @@ class ModelFormat(str, enum.Enum):
 
     ONNX = "onnx"
     TORCH_EXPORT = "torch-export"
+    JAX_EXPORT = "jax-export"  # a serialized jax.export.Exported (.jax)
+    STABLEHLO = "stablehlo"  # StableHLO MLIR, text or bytecode (.mlir)
 
 
 class JobStatus(str, enum.Enum):

@@ -15,7 +15,12 @@ from tuner.sandbox import ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
 
-BLOB_SUFFIX = {ModelFormat.ONNX: ".onnx", ModelFormat.TORCH_EXPORT: ".pt2"}
+BLOB_SUFFIX = {
+    ModelFormat.ONNX: ".onnx",
+    ModelFormat.TORCH_EXPORT: ".pt2",
+    ModelFormat.JAX_EXPORT: ".jax",
+    ModelFormat.STABLEHLO: ".mlir",
+}
 # Where uploads are spooled while they are imported: one private folder per upload.
 UPLOAD_SPOOL_PREFIX = "upload-"
 # A blob being written by an import, renamed to its sha256 name once complete.

@@ -1,4 +1,5 @@
-"""Model import: ONNX files and ``torch.export`` programs -> a Relax ``IRModule`` with static shapes.
+"""Model import: ONNX files, ``torch.export`` programs and JAX programs (StableHLO) -> a Relax ``IRModule``
+with static shapes.
 
 Every failure a user can cause (a corrupt or truncated file, a wrong format, operators the importer
 lacks, a dynamic dimension without a shape, a bad ``--input-shape``) is raised as a typed
@@ -8,8 +9,9 @@ leaves this package.
 TVM is imported lazily (through :mod:`kiln_tvm`, which sets ``TVM_NUM_THREADS`` first), so
 :func:`detect_format`, :func:`read_signature` of an ONNX file and :func:`parse_input_shapes` stay cheap.
 
-``formats`` tells the kinds of file apart, ``shapes`` reads and checks input shapes, ``onnx`` and
-``torch`` are the two importers, and ``imported`` holds what they share.
+``formats`` tells the kinds of file apart, ``shapes`` reads and checks input shapes, ``onnx``, ``torch``
+and ``stablehlo`` are the importers (``stablehlo_reader`` reads MLIR with jaxlib), and ``imported`` holds
+what they share.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from tuner.entities import ModelFormat, ModelSignature
 from tuner.errors import InvalidSpec, MissingDependency
 from tuner.frontend import onnx as onnx_import
+from tuner.frontend import stablehlo as stablehlo_import
 from tuner.frontend import torch as torch_import
 from tuner.frontend.formats import detect_format
 from tuner.frontend.imported import ImportedModel, tvm_frontends
@@ -36,8 +39,11 @@ def read_signature(path: Path) -> ModelSignature:
     Reading an ONNX signature does not import TVM; a .pt2 program needs PyTorch.
     """
     path = Path(path)
-    if detect_format(path) is ModelFormat.ONNX:
+    fmt = detect_format(path)
+    if fmt is ModelFormat.ONNX:
         return onnx_import.model_signature(onnx_import.parse_model(path, path.read_bytes()), path.name)
+    if fmt in (ModelFormat.JAX_EXPORT, ModelFormat.STABLEHLO):
+        return stablehlo_import.program_signature(stablehlo_import.read_jax_program(path, fmt))
     torch = torch_import.import_torch()
     program = torch_import.load_program(torch, path, DEFAULT_MAX_UNPACKED_BYTES)
     return torch_import.program_signature(program, path.name)
@@ -73,8 +79,11 @@ def load_model(
         given = {str(name): tuple(int(d) for d in dims) for name, dims in (input_shapes or {}).items()}
     except (TypeError, ValueError, AttributeError) as err:
         raise InvalidSpec(f"input shapes must map input names to tuples of integers: {err}") from None
-    if detect_format(path) is ModelFormat.ONNX:
+    fmt = detect_format(path)
+    if fmt is ModelFormat.ONNX:
         return onnx_import.load_onnx(path, given, allow_external_data)
+    if fmt in (ModelFormat.JAX_EXPORT, ModelFormat.STABLEHLO):
+        return stablehlo_import.load_jax(path, fmt, given)
     return torch_import.load_torch(path, given, max_unpacked_bytes)
 
 

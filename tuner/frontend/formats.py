@@ -9,7 +9,12 @@ from tuner.entities import ModelFormat
 from tuner.errors import InvalidModel
 
 _ZIP_MAGIC = b"PK\x03\x04"
-_SUPPORTED = "Kiln imports ONNX models (.onnx) and torch.export programs (.pt2, from torch.export.save)"
+_SUPPORTED = (
+    "Kiln imports ONNX models (.onnx), torch.export programs (.pt2, from torch.export.save) and JAX programs "
+    "(.jax from jax.export's serialize(), or StableHLO MLIR text from exported.mlir_module() in a .mlir file)"
+)
+_MLIR_BYTECODE_MAGIC = b"ML\xefR"
+_MLIR_TEXT_STARTS = (b"module", b"#loc", b"func.func", b"//")
 _FOREIGN_FORMATS = {
     ".pt": "a PyTorch checkpoint or TorchScript file",
     ".pth": "a PyTorch checkpoint",
@@ -38,6 +43,14 @@ def detect_format(path: Path) -> ModelFormat:
         )
     if suffix == ".onnx":
         return ModelFormat.ONNX
+    if suffix == ".jax":
+        return ModelFormat.JAX_EXPORT
+    if (
+        suffix == ".mlir"
+        or head.startswith(_MLIR_BYTECODE_MAGIC)
+        or head.lstrip().startswith(_MLIR_TEXT_STARTS)
+    ):
+        return ModelFormat.STABLEHLO
     if head[0] == 0x08:
         # An ONNX ModelProto starts with field 1 (ir_version, a varint): tag byte 0x08. This lets blobs
         # stored without an extension through.
