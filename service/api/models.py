@@ -63,7 +63,12 @@ async def upload_model(
     state: StateDep,
     owner: OwnerDep,
     response: Response,
-    file: Annotated[UploadFile, File(description="The model file (.onnx or .pt2)")],
+    file: Annotated[
+        UploadFile,
+        File(
+            description="The model file: .onnx, .pt2 (torch.export), .jax (jax.export) or .mlir (StableHLO)"
+        ),
+    ],
     name: Annotated[str | None, Form(max_length=255)] = None,
     input_shapes: Annotated[str | None, Form(description='JSON, e.g. {"x": [1, 3, 224, 224]}')] = None,
 ) -> ModelOut:

@@ -186,3 +186,30 @@ def test_task_preview_with_a_bad_target_is_422(client: TestClient, mlp_model: di
     )
     assert response.status_code == 422
     assert response.json()["error"]["kind"] == "invalid_target"
+
+
+@pytest.mark.parametrize("suffix", [".jax", ".mlir"])
+def test_upload_of_a_jax_program(client: TestClient, tmp_path, suffix: str) -> None:
+    pytest.importorskip("jax")
+    from tests.jax_models import export_jax, jax_mlp
+
+    path = export_jax(jax_mlp(batch=2), tmp_path / f"mlp{suffix}")
+    response = client.post("/api/v1/models", files={"file": (path.name, path.read_bytes())})
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["format"] == ("jax-export" if suffix == ".jax" else "stablehlo")
+    assert body["inputs"] == [{"name": "x", "shape": [2, 64], "dtype": "float32"}]
+    assert [o["shape"] for o in body["outputs"]] == [[2, 10], []]
+
+
+def test_upload_of_stablehlo_with_unsupported_ops_lists_them(client: TestClient, tmp_path) -> None:
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    exported = jax.export.export(jax.jit(lambda x: jnp.sort(jnp.cumsum(x))))(
+        jax.ShapeDtypeStruct((8,), jnp.float32)
+    )
+    response = client.post("/api/v1/models", files={"file": ("ops.mlir", exported.mlir_module().encode())})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["kind"] == "unsupported_operator" and "stablehlo.sort" in error["message"]

@@ -111,6 +111,9 @@ def _context() -> Any:
     context.load_all_available_dialects()
     stablehlo.register_dialect(context)
     chlo.register_dialect(context)
+    # Attributes of other dialects (Shardy's sharding rules on custom calls...) are read as opaque ones:
+    # an operation Kiln does not convert is then listed by name, not refused by the parser.
+    context.allow_unregistered_dialects = True
     return context
 
 
@@ -153,8 +156,9 @@ def read_program(data: bytes | str, model_name: str) -> Program:
                 function = _read_function(op, ir)
                 functions[function.name] = function
     if "main" not in functions:
-        public = [f for f in functions]
-        raise InvalidModel(f"'{model_name}' has no function 'main' (it has {public or 'no functions'})")
+        raise InvalidModel(
+            f"'{model_name}' has no function 'main' (it has {list(functions) or 'no functions'})"
+        )
     return Program(functions)
 
 
@@ -173,8 +177,7 @@ def _read_function(func_op: Any, ir: Any) -> Function:
 
     params = [value_id(a) for a in block.arguments]
     param_types = [_tensor_type(a.type, ir) for a in block.arguments]
-    arg_attrs = func_op.attributes["arg_attrs"] if "arg_attrs" in func_op.attributes else None
-    names = [_arg_name(arg_attrs, i, a) for i, a in enumerate(block.arguments)]
+    names = [_arg_name(i, a) for i, a in enumerate(block.arguments)]
     ops: list[Op] = []
     returns: list[int] = []
     for op in block.operations:
@@ -198,8 +201,9 @@ def _read_function(func_op: Any, ir: Any) -> Function:
     return Function(name, params, param_types, names, ops, returns, results)
 
 
-def _arg_name(arg_attrs: Any, index: int, arg: Any) -> str:
-    """A parameter's name: its ``jax.*`` name if the exporter kept one, its location (``loc("x")``)..."""
+def _arg_name(index: int, arg: Any) -> str:
+    """A parameter's name: the location jax gives it (``loc("x")``: the Python argument's name), else
+    ``arg<index>``."""
     location = str(arg.location)
     if location.startswith('loc("') and location.endswith('")'):
         return location[5:-2]
