@@ -213,3 +213,24 @@ def test_unknown_option_is_an_error_naming_the_known_ones(tmp_path: Path) -> Non
         _compile(build_torch_mlp(), tmp_path, frozen=True)(torch.randn(1, 16))
     assert isinstance(getattr(info.value, "inner_exception", info.value), InvalidSpec)
     assert "freeze" in str(info.value)
+
+
+def test_a_call_that_fails_in_tvm_runs_eagerly_from_then_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    module = build_torch_mlp()
+    x = torch.randn(2, 16)
+    compiled = _compile(module, tmp_path)
+    with torch.no_grad():
+        compiled(x)
+        (graph,) = _graphs()
+
+        def broken(*_: Any) -> Any:
+            raise RuntimeError("injected fault in the compiled kernel")
+
+        graph._runner = (broken, [])  # a kernel that fails at run time
+        with caplog.at_level(logging.WARNING, logger="kiln.capture"):
+            torch.testing.assert_close(compiled(x), module(x))
+            torch.testing.assert_close(compiled(x), module(x))
+    assert "runs eagerly" in caplog.text and "injected fault" in caplog.text
+    assert any("eagerly" in note for note in graph.report.notes)

@@ -74,7 +74,7 @@ def compile_captured(gm: Any, example_inputs: Sequence[Any], opts: CaptureOption
     placeholders = describe_placeholders(gm, example_inputs)
     dynamic = any(p.feed is Feed.SIZE for p in placeholders)
     exported = export_captured(gm, example_inputs, placeholders, opts.freeze, dynamic)
-    compiled = CompiledGraph(exported, opts, lambda: _store(opts), name)
+    compiled = CompiledGraph(exported, opts, lambda: _store(opts), name, gm.forward)
     report = compiled.report
     if dynamic:
         log.warning(

@@ -68,10 +68,13 @@ class CompiledGraph:
         options: CaptureOptions,
         store_factory: Callable[[], Store],
         name: str,
+        eager: Callable[..., Any],
     ) -> None:
         import torch
 
         self._torch = torch
+        self._eager = eager
+        self._failed = False
         self.exported = exported
         self.options = options
         self._store_factory = store_factory
@@ -164,11 +167,20 @@ class CompiledGraph:
     # ---- running -------------------------------------------------------------------------------------
 
     def __call__(self, *args: Any) -> Any:
+        if self._failed:
+            return self._eager(*args)
         if self._pending_job is not None:
             self._poll_job()
         main, params = self._runner
-        fed = [_plain_tensor(args[i]) for i in self.exported.fed]
-        outputs = main(*fed, *params)
+        try:
+            outputs = main(*[_plain_tensor(args[i]) for i in self.exported.fed], *params)
+        except Exception as exc:  # noqa: BLE001 - the user's program goes on, eagerly, with the reason
+            self._failed = True
+            self.report.notes.append(f"a call failed and the graph now runs eagerly: {exc}")
+            log.warning(
+                "kiln: %s: a call failed; the graph runs eagerly from now on: %s", self.report.name, exc
+            )
+            return self._eager(*args)
         flat = [_to_torch(self._torch, t) for t in _flatten(outputs)]
         if self._flat_tuple:
             return tuple(flat)

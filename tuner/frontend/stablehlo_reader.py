@@ -134,8 +134,14 @@ def mlir_of_exported(data: bytes, model_name: str) -> str:
             f"could not read '{model_name}' as a serialized jax.export program "
             f"(jax.export.export(jax.jit(f))(*specs).serialize()): {_first_line(err)}"
         ) from None
-    if exported.in_tree.num_leaves != len(exported.in_avals) or exported.nr_devices != 1:
+    if exported.nr_devices != 1:
         raise InvalidModel(f"'{model_name}' was exported for {exported.nr_devices} devices; Kiln takes one")
+    if len(exported.platforms) != 1:
+        # main then takes the platform's index as a first argument, and branches on it.
+        raise InvalidModel(
+            f"'{model_name}' was exported for the platforms {list(exported.platforms)}; export it for one "
+            "(jax.export.export(f, platforms=['cpu']))"
+        )
     return str(exported.mlir_module())
 
 
@@ -242,36 +248,10 @@ def _attributes(op: Any, ir: Any) -> dict[str, Any]:
         attr = op.attributes[key]
         if key == "value" and op.operation.name == "stablehlo.constant":
             attrs[key] = _dense_array(attr, _tensor_type(op.results[0].type, ir))
-        elif key == "dimension_numbers" and op.operation.name == "stablehlo.convolution":
-            d = stablehlo.ConvDimensionNumbers(attr)
-            attrs[key] = {
-                "input_batch": d.input_batch_dimension,
-                "input_feature": d.input_feature_dimension,
-                "input_spatial": list(d.input_spatial_dimensions),
-                "kernel_input": d.kernel_input_feature_dimension,
-                "kernel_output": d.kernel_output_feature_dimension,
-                "kernel_spatial": list(d.kernel_spatial_dimensions),
-                "output_batch": d.output_batch_dimension,
-                "output_feature": d.output_feature_dimension,
-                "output_spatial": list(d.output_spatial_dimensions),
-            }
-        elif key == "dot_dimension_numbers":
-            d = stablehlo.DotDimensionNumbers(attr)
-            attrs[key] = {
-                "lhs_batch": list(d.lhs_batching_dimensions),
-                "rhs_batch": list(d.rhs_batching_dimensions),
-                "lhs_contract": list(d.lhs_contracting_dimensions),
-                "rhs_contract": list(d.rhs_contracting_dimensions),
-            }
-        elif key == "dimension_numbers" and op.operation.name == "stablehlo.gather":
-            d = stablehlo.GatherDimensionNumbers(attr)
-            attrs[key] = {
-                "offset_dims": list(d.offset_dims),
-                "collapsed_slice_dims": list(d.collapsed_slice_dims),
-                "operand_batching_dims": list(d.operand_batching_dims),
-                "start_index_map": list(d.start_index_map),
-                "index_vector_dim": d.index_vector_dim,
-            }
+        elif (op.operation.name, key) in _DIMENSION_NUMBERS:
+            kind, fields = _DIMENSION_NUMBERS[op.operation.name, key]
+            numbers = getattr(stablehlo, kind)(attr)
+            attrs[key] = {name: _plain_value(getattr(numbers, field)) for name, field in fields.items()}
         elif key == "comparison_direction":
             attrs[key] = str(stablehlo.ComparisonDirectionAttr(attr).value)
         elif key == "callee":
@@ -279,6 +259,49 @@ def _attributes(op: Any, ir: Any) -> dict[str, Any]:
         else:
             attrs[key] = _plain(attr, ir)
     return attrs
+
+
+#: (operation, attribute) -> jaxlib's class for it, and the fields Kiln reads (Kiln's name -> jaxlib's).
+_DIMENSION_NUMBERS: dict[tuple[str, str], tuple[str, dict[str, str]]] = {
+    ("stablehlo.convolution", "dimension_numbers"): (
+        "ConvDimensionNumbers",
+        {
+            "input_batch": "input_batch_dimension",
+            "input_feature": "input_feature_dimension",
+            "input_spatial": "input_spatial_dimensions",
+            "kernel_input": "kernel_input_feature_dimension",
+            "kernel_output": "kernel_output_feature_dimension",
+            "kernel_spatial": "kernel_spatial_dimensions",
+            "output_batch": "output_batch_dimension",
+            "output_feature": "output_feature_dimension",
+            "output_spatial": "output_spatial_dimensions",
+        },
+    ),
+    ("stablehlo.dot_general", "dot_dimension_numbers"): (
+        "DotDimensionNumbers",
+        {
+            "lhs_batch": "lhs_batching_dimensions",
+            "rhs_batch": "rhs_batching_dimensions",
+            "lhs_contract": "lhs_contracting_dimensions",
+            "rhs_contract": "rhs_contracting_dimensions",
+        },
+    ),
+    ("stablehlo.gather", "dimension_numbers"): (
+        "GatherDimensionNumbers",
+        {
+            "offset_dims": "offset_dims",
+            "collapsed_slice_dims": "collapsed_slice_dims",
+            "operand_batching_dims": "operand_batching_dims",
+            "start_index_map": "start_index_map",
+            "index_vector_dim": "index_vector_dim",
+        },
+    ),
+}
+
+
+def _plain_value(value: Any) -> Any:
+    """An int, or a list of ints, from a dimension-numbers field."""
+    return int(value) if isinstance(value, int) else [int(v) for v in value]
 
 
 def _plain(attr: Any, ir: Any) -> Any:

@@ -18,7 +18,7 @@ function modelForm(onSelect) {
   const uploadError = h("div", {});
   const info = h("div", {});
   const shapes = h("textarea", { id: "input-shapes", rows: 2, placeholder: '{"x": [1, 3, 224, 224]}' });
-  const file = h("input", { type: "file", id: "model-file", accept: ".onnx,.pt2", required: true });
+  const file = h("input", { type: "file", id: "model-file", accept: ".onnx,.pt2,.jax,.mlir", required: true });
   const name = h("input", { type: "text", id: "model-name", placeholder: "default: the file name" });
   const existing = h("select", { id: "existing-model" }, h("option", { value: "" }, "— or pick an uploaded model —"));
 
@@ -54,7 +54,7 @@ function modelForm(onSelect) {
   }
 
   const form = h("form", { class: "stack", id: "upload-form", onsubmit: upload },
-    h("label", {}, "Model file (ONNX or torch.export .pt2)", file),
+    h("label", {}, "Model file (ONNX, torch.export .pt2, jax.export .jax or StableHLO .mlir)", file),
     h("label", {}, "Name", name),
     h("label", {}, "Input shapes, for inputs with dynamic dimensions (JSON)", shapes),
     h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Upload")),
