@@ -234,3 +234,29 @@ def test_a_call_that_fails_in_tvm_runs_eagerly_from_then_on(
             torch.testing.assert_close(compiled(x), module(x))
     assert "runs eagerly" in caplog.text and "injected fault" in caplog.text
     assert any("eagerly" in note for note in graph.report.notes)
+
+
+class _NormThenLinear(torch.nn.Module):
+    """A layer norm reads the input first: its vectorised loads take the input's buffer as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(256)
+        self.fc = torch.nn.Linear(256, 64)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc(self.norm(x))
+
+
+@pytest.mark.parametrize("offset", [1, 2, 4, 8])  # floats: 4 to 32 bytes off
+def test_inputs_not_aligned_to_64_bytes_are_handled(tmp_path: Path, offset: int) -> None:
+    # TVM's kernels assume 64-byte-aligned buffers; a torch view (or a numpy array, 16-byte aligned) is
+    # handed over without a copy by DLPack, so a misaligned one must be copied, not read as it is.
+    torch.manual_seed(0)
+    module = _NormThenLinear().eval()
+    base = torch.randn(offset + 128 * 256)
+    x = base[offset:].view(1, 128, 256)
+    assert x.data_ptr() % 64 != 0
+    with torch.no_grad():
+        got = _compile(module, tmp_path, freeze=True)(x)
+        torch.testing.assert_close(got, module(x), rtol=1e-4, atol=1e-5)

@@ -187,11 +187,21 @@ class CompiledGraph:
         return self._torch.utils._pytree.tree_unflatten(flat, self.out_spec)
 
 
+#: The alignment TVM's kernels assume of every buffer (its allocator's; vectorised loads rely on it).
+TVM_ALIGNMENT = 64
+
+
 def _plain_tensor(t: Any) -> Any:
-    """What DLPack hands to TVM: no autograd (it refuses tensors that require grad), dense strides."""
+    """What DLPack hands to TVM without a copy where it can: no autograd (DLPack refuses tensors that
+    require grad), dense strides, and data aligned as TVM's kernels assume. A view into a tensor, or a
+    numpy array's memory (16-byte aligned), is copied: read in place it crashed the kernels."""
     if t.requires_grad:
         t = t.detach()
-    return t if t.is_contiguous() else t.contiguous()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.data_ptr() % TVM_ALIGNMENT:
+        t = t.clone()  # PyTorch's CPU allocator aligns to 64 bytes
+    return t
 
 
 def _flatten(value: Any) -> list[Any]:
