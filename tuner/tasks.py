@@ -10,6 +10,7 @@ from kiln_tvm.x86_amx import INT8
 from kiln_tvm.x86_vnni import VNNI_LANES
 from schedules.amx import fits_amx_tiles, has_amx_bf16, has_amx_int8
 from schedules.vnni import has_avx512_bf16, vnni_lanes
+from tuner.activations import gelu_as_formula
 from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
 from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, IrLevel, TaskInfo
@@ -69,7 +70,8 @@ def inference_passes(
     are whole AMX blocks, or else whose weights pack for ``vdpbf16ps``, go on kernels over weights packed
     for those instructions (:mod:`tuner.bf16_amx`).
 
-    With ``fast_math``, ``exp``, ``erf``, ``tanh`` and softmax use TVM's polynomial approximations
+    With ``fast_math``, GELUs are written out as their formula (:mod:`tuner.activations`), then ``exp``,
+    ``erf``, ``tanh`` and softmax use TVM's polynomial approximations
     (``topi.fast_exp``...): LLVM lowers the exact ones to a scalar libm call per element (an erf costs
     ~6 ns an element here, 45x its approximation), which no schedule can vectorise.
     """
@@ -83,7 +85,7 @@ def inference_passes(
             *layout,
             reduce_precision(precision, precision_report),
             relax.transform.DecomposeOpsForInference(),
-            *([relax.transform.FastMathTransform()] if fast_math else []),
+            *([gelu_as_formula(), relax.transform.FastMathTransform()] if fast_math else []),
             relax.transform.CanonicalizeBindings(),
             relax.transform.EliminateCommonSubexpr(),
             relax.transform.FoldConstant(),
