@@ -34,6 +34,11 @@ class ImportedModel:
     canonical_bytes: bytes  # the model as one blob: ONNX with external data inlined, or the .pt2 file
 
 
+def output_names(count: int) -> list[str]:
+    """Names of a program's outputs: ``output``, or ``output_0``, ``output_1``... when there are several."""
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
 def short_error(err: BaseException, limit: int = 600) -> str:
     """An exception as one short line of text (TVM errors can carry long backtraces)."""
     text = str(err).strip() or type(err).__name__

@@ -20,7 +20,7 @@ import numpy as np
 
 from tuner.entities import ModelFormat, ModelSignature, TensorSpec
 from tuner.errors import InvalidSpec, UnsupportedOperator
-from tuner.frontend.imported import ImportedModel, imported_model
+from tuner.frontend.imported import ImportedModel, imported_model, output_names
 from tuner.frontend.stablehlo_reader import Function, Op, Program, mlir_of_exported, read_program
 
 IMPORTER = "StableHLO"
@@ -105,9 +105,7 @@ def program_signature(program: Program) -> ModelSignature:
         TensorSpec(name=n, shape=t.shape, dtype=t.dtype)
         for n, t in zip(_unique(main.param_names), main.param_types, strict=True)
     )
-    names = (
-        ["output"] if len(main.result_types) == 1 else [f"output_{i}" for i in range(len(main.result_types))]
-    )
+    names = output_names(len(main.result_types))
     outputs = tuple(
         TensorSpec(name=n, shape=t.shape, dtype=t.dtype)
         for n, t in zip(names, main.result_types, strict=True)

@@ -17,6 +17,7 @@ from tuner.frontend.imported import (
     check_param_count,
     conversion_error,
     imported_model,
+    output_names,
     quiet_importer,
     short_error,
     static_int,
@@ -64,10 +65,6 @@ def load_program(torch: ModuleType, path: Path, max_unpacked_bytes: int) -> Any:
         ) from None
 
 
-def _torch_output_names(count: int) -> list[str]:
-    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
-
-
 def _torch_tensor_spec(torch: ModuleType, name: str, value: Any, model_name: str) -> TensorSpec:
     if not isinstance(value, torch.Tensor):
         raise InvalidModel(
@@ -98,7 +95,7 @@ def program_signature(program: Any, model_name: str) -> ModelSignature:
     ]
     metas = [v.meta.get("val") if hasattr(v, "meta") else v for v in user]
     tensors = [m for m in metas if isinstance(m, torch.Tensor)]
-    names = _torch_output_names(len(tensors))
+    names = output_names(len(tensors))
     outputs = tuple(_torch_tensor_spec(torch, n, m, model_name) for n, m in zip(names, tensors, strict=True))
     return ModelSignature(inputs=inputs, outputs=outputs)
 
@@ -202,7 +199,7 @@ def import_program(
     mod = convert_program(program, model_name)
     check_param_count(mod, model_name, declared.inputs)
     mod = _bind_torch_shapes(mod, declared.inputs, shapes)
-    outputs = _torch_output_names(len(declared.outputs))
+    outputs = output_names(len(declared.outputs))
     return imported_model(mod, model_name, declared, shapes, outputs, ModelFormat.TORCH_EXPORT, canonical)
 
 
