@@ -20,6 +20,7 @@ from cli.render import (
     ir_table,
     mix_line,
     print_accuracy,
+    print_code,
     print_latency_report,
     print_outcome,
     print_profile,
@@ -93,7 +94,7 @@ def ir(
             raise NotFound(f"job '{job.id}' has no task {asm!r} (give its # in `kiln status` or its name)")
         kernel = store.get_task_assembly(task.id)
         console.print(f"# {kernel.name}: {mix_line(kernel.mix)}", markup=False, highlight=False)
-        sys.stdout.write(kernel.text)
+        print_code(kernel.text)
         return
     if level is None:
         console.print(ir_table(ir_levels(store, job), job.id))
@@ -102,7 +103,7 @@ def ir(
     console.print(
         f"# level {found.position}: {found.name}: {ir_change(found)}", markup=False, highlight=False
     )
-    sys.stdout.write(found.text if found.text.endswith("\n") else found.text + "\n")
+    print_code(found.text)
 
 
 _PROFILE_ORDER = {
@@ -160,9 +161,10 @@ def export(
     out.mkdir(parents=True, exist_ok=True)
     if what == "artifact":
         from tuner.job import artifact_path
+        from tuner.models import artifact_file_name
 
         src = artifact_path(store, job.id)
-        dest = out / src.name
+        dest = out / artifact_file_name(store.get_model(job.spec.model_id).name, job.id)
         shutil.copyfile(src, dest)
         console.print(f"artifact: {dest}")
     elif what == "records":

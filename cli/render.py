@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +30,24 @@ if TYPE_CHECKING:
 
     from tuner.recorder import TuningClock
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _console(stderr: bool = False) -> Console:
+    """A console that, when its output is not a terminal (a pipe, a file, CI's log), keeps lines whole
+    instead of wrapping them at rich's default of 80 columns."""
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=200 if piped else None, soft_wrap=piped, log_path=False)
+
+
+console = _console()
+err_console = _console(stderr=True)
+
+
+def print_code(text: str) -> None:
+    """Print program text exactly as it is (TIR, traces): no markup (``[i0, i1]`` is not a style), no
+    highlighting, no wrapping."""
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
 
 
 def fmt(value: float | None, spec: str = ".1f", none: str = "-") -> str:

@@ -19,6 +19,7 @@ from cli.render import (
     console,
     fusion_line,
     print_accuracy,
+    print_code,
     print_latency_report,
     print_outcome,
     print_polyhedral,
@@ -121,6 +122,7 @@ def tune(
     """Tune a model and write a compiled, verified artifact."""
     from tuner.fatal_signals import report_fatal_signals
     from tuner.job import run_job
+    from tuner.models import artifact_file_name
 
     settings = current_settings()
     spec = _job_spec(
@@ -147,7 +149,7 @@ def tune(
         path = Path(result.artifact.path)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            dest = out / f"{info.name}.tar.gz"
+            dest = out / artifact_file_name(info.name, result.job.id)
             shutil.copyfile(path, dest)
             path = dest
         console.print(f"artifact: [bold]{path}[/] (sha256 {result.artifact.sha256[:12]})")
@@ -196,7 +198,7 @@ def tasks(
         chosen = [i for i in plan.infos if i.name == show_tir or str(plan.infos.index(i)) == show_tir]
         if not chosen:
             raise KilnError(f"no task {show_tir!r}; tasks: {', '.join(i.name for i in plan.infos)}")
-        console.print(chosen[0].tir)
+        print_code(chosen[0].tir)
     if poly:
         from schedules.poly.analysis import analyse_prim_func
         from tuner.job import measuring_caches

@@ -341,8 +341,12 @@ class JobOut(EntityOut):
         description="Quantized models: the tuned outputs against onnxruntime over seeded inputs, in steps; "
         "reduced precision (bf16, fp16): against the float32 model, norm-wise",
     )
-    speedup: float | None
-    error: str | None
+    speedup: float | None = Field(description="Untuned TVM's latency over the tuned model's")
+    peer: str | None = Field(description="The runtime measured beside Kiln (onnxruntime for ONNX models)")
+    peer_speedup: float | None = Field(
+        description="The peer's latency over the tuned model's: > 1 when Kiln's artifact is faster"
+    )
+    error: str | None = Field(description="Why a job failed or was cancelled, in one sentence")
     cancel_requested: bool
     created_at: datetime
     started_at: datetime | None

@@ -660,9 +660,24 @@ class Job:
 
     @property
     def speedup(self) -> float | None:
+        """Untuned TVM over tuned."""
         if self.baseline_latency_ms and self.tuned_latency_ms:
             return self.baseline_latency_ms / self.tuned_latency_ms
         return None
+
+    @property
+    def peer(self) -> str | None:
+        """The runtime a user would otherwise use that the job measured beside Kiln (onnxruntime first)."""
+        peers = sorted(self.reference_latency_ms or {}, key=lambda name: (name != "onnxruntime", name))
+        return peers[0] if peers else None
+
+    @property
+    def peer_speedup(self) -> float | None:
+        """The peer's latency over the tuned model's: the headline figure (> 1: Kiln is faster)."""
+        peer = self.peer
+        if peer is None or not self.tuned_latency_ms:
+            return None
+        return self.reference_latency_ms[peer] / self.tuned_latency_ms
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from tuner.assembly import instruction_mix, kernel_assembly, split_functions
 from tuner.compile import build_tuned, build_untuned, model_assembly, random_inputs
 from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
 from tuner.errors import InvalidSpec, KilnError, MissingInputShape, TuningFailed
+from tuner.failures import crash_report_path, describe_failure, write_crash_report
 from tuner.frontend import ImportedModel, check_given_shape, load_model
 from tuner.manifest import job_manifest
 from tuner.metaschedule.database import KilnDatabase
@@ -225,13 +226,15 @@ def execute_job(
 def _execute(settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) -> JobResult:
     try:
         return _run(recorder.store, settings, job, recorder, should_stop)
-    except KilnError as exc:
-        recorder.ended(JobStatus.FAILED, exc.message)
-        raise
     except Exception as exc:
-        message = f"{type(exc).__name__}: {exc}".strip()
-        recorder.ended(JobStatus.FAILED, message[:4000])
-        raise TuningFailed(message) from exc
+        # The user is told why in one sentence; the traceback stays in the job's crash report.
+        reason = describe_failure(exc, recorder.current_stage)
+        if not isinstance(exc, KilnError):
+            write_crash_report(crash_report_path(settings.jobs_dir, job.id), exc, recorder.current_stage)
+        recorder.ended(JobStatus.FAILED, reason)
+        if isinstance(exc, KilnError):
+            raise
+        raise TuningFailed(reason) from exc
 
 
 def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) -> JobResult:

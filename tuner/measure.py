@@ -3,7 +3,7 @@
 Thread pools of different runtimes (TVM, onnxruntime, XGBoost in the tuning process) keep spinning for
 a while after a call and slow each other down on a machine with few cores, so every figure Kiln reports
 is measured in a child process of its own, forked from ``python -m tuner.measure --fork-server FD``
-(which has imported TVM and onnxruntime and run nothing: no runtime's threads exist before the fork, and
+(which has imported TVM and, when installed, onnxruntime, and run nothing: no runtime's threads exist before the fork, and
 a child does not pay the seconds of loading them). A child reads ``[KIND, PATH, INPUTS_NPZ, BUDGET_S]``
 as JSON on stdin (:func:`run_child`; the same children profile a model and measure the machine's
 limits). KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an
@@ -18,6 +18,7 @@ the CPUs other processes used meanwhile, and says so when the figures may be off
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -232,10 +233,13 @@ def _own_cpu_s() -> float:
 
 
 def _preload() -> None:
-    import onnxruntime  # noqa: F401
-
     import tuner.compile  # noqa: F401 - TVM and Kiln's loader
     from kiln_tvm import tvm  # noqa: F401
+
+    # onnxruntime is a peer, not a part of Kiln: where it is missing the job measures without it and says
+    # so (tuner.verify.onnxruntime_model), and the children must still start.
+    with contextlib.suppress(ImportError):
+        import onnxruntime  # noqa: F401
 
 
 def _forked_child() -> None:

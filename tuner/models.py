@@ -95,6 +95,11 @@ def safe_file_name(name: str | None, default: str) -> str:
     return cleaned or default
 
 
+def artifact_file_name(model_name: str, job_id: str) -> str:
+    """What a job's artifact is called when a user downloads or exports it: ``small_cnn-1f2e3d4c.tar.gz``."""
+    return safe_file_name(f"{model_name}-{job_id[:8]}.tar.gz", f"model-{job_id[:8]}.tar.gz")
+
+
 def upload_spool(settings: Settings) -> Path:
     """The folder uploads are spooled in while they are imported."""
     return settings.data_dir / "uploads"

@@ -66,9 +66,11 @@ class JobRecorder:
         self.trials_total = 0
         self.trials_done = 0
         self.clock: TuningClock | None = None
+        self.current_stage: str | None = None
 
     def stage(self, name: str) -> None:
         """The job moved on to ``name`` (importing, tuning, compiling...)."""
+        self.current_stage = name
         self.store.set_job_stage(self.job_id, name)
         self.listener.stage(name)
 

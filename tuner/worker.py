@@ -26,6 +26,7 @@ from typing import Any
 from forkserver import ForkedProcess, shared_fork_server
 from tuner.entities import Job, JobStatus
 from tuner.errors import Conflict, KilnError
+from tuner.failures import CRASH_REPORT, crash_report_path
 from tuner.settings import Settings
 from tuner.store.sql import Store
 
@@ -52,11 +53,6 @@ def default_worker_name(suffix: str = "") -> str:
     return f"{socket.gethostname()}:{os.getpid()}{suffix}"
 
 
-def crash_report_path(settings: Settings, job_id: str) -> Path:
-    """Where a job's tuning process writes the Python stacks of its threads if a fatal signal ends it."""
-    return settings.jobs_dir / job_id / "crash.txt"
-
-
 def describe_exit(exitcode: int | None, stage: str | None, crash_report: Path | None = None) -> str:
     """A readable reason for a tuning process that ended without recording its job's outcome."""
     during = f" while {stage}" if stage else ""
@@ -66,7 +62,9 @@ def describe_exit(exitcode: int | None, stage: str | None, crash_report: Path | 
         what = f"{sig.name} ({hint})" if hint else sig.name
         stacks = ""
         if crash_report is not None and crash_report.is_file() and crash_report.stat().st_size > 0:
-            stacks = f" (the stacks of its threads are in {crash_report} on the worker)"
+            stacks = (
+                f" (the stacks of its threads are in {CRASH_REPORT} in the job's directory on the worker)"
+            )
         return (
             f"the tuning process was killed by {what}{during}{stacks}; the worker is unaffected and the "
             "records measured before were kept"
@@ -180,7 +178,7 @@ class Worker:
             error = f"cancelled by the user; the {trials} records measured so far were kept"
         else:
             status = JobStatus.FAILED
-            error = describe_exit(exitcode, current.stage, crash_report_path(self.settings, job.id))
+            error = describe_exit(exitcode, current.stage, crash_report_path(self.settings.jobs_dir, job.id))
         with contextlib.suppress(Conflict):
             self.store.finish_job(job.id, status, error=error)
 
@@ -288,7 +286,7 @@ def _child_main() -> None:
     from tuner.job import execute_job
 
     settings = Settings.model_validate_json(request["settings"])
-    crash_report = crash_report_path(settings, job_id)
+    crash_report = crash_report_path(settings.jobs_dir, job_id)
     crash_report.parent.mkdir(parents=True, exist_ok=True)
     report_fatal_signals(crash_report.open("a"))  # open for the life of the process
     store = Store.from_settings(settings)

@@ -40,7 +40,7 @@ from tuner.entities import Job, JobSpec, JobStatus, ModelPlan, RunnerSpec, Task,
 from tuner.errors import Conflict, NotFound
 from tuner.inspection import best_schedule, plan_model, task_tir
 from tuner.job import submit_job
-from tuner.models import safe_file_name
+from tuner.models import artifact_file_name
 from tuner.store.sql import Store
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -312,7 +312,7 @@ def job_artifact(job_id: str, state: StateDep, owner: OwnerDep) -> FileResponse:
     return FileResponse(
         path,
         media_type="application/gzip",
-        filename=safe_file_name(f"{model.name}-{job.id[:8]}.tar.gz", f"model-{job.id[:8]}.tar.gz"),
+        filename=artifact_file_name(model.name, job.id),
         headers={"X-Kiln-Sha256": artifact.sha256},
     )
 

@@ -324,3 +324,20 @@ def test_the_dashboard_and_its_vendored_libraries_are_served(client: TestClient)
         assert response.status_code == 200, asset
         assert len(response.content) > 1000
     assert "cdn" not in page.text.lower() and "https://" not in page.text  # nothing from the internet
+
+
+def test_a_failed_job_says_why_in_one_sentence_without_server_paths(
+    client: TestClient, api_settings: Settings, mlp_model: dict
+) -> None:
+    # The model's stored bytes are lost from the worker's disk after the job was queued.
+    job = _submit(client, mlp_model["id"], trials=8, seed=1)
+    blob = next(p for p in api_settings.blob_dir.rglob("*") if p.is_file())
+    blob.unlink()
+    Worker(api_settings, "test-worker").run_once()
+
+    body = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert body["status"] == "failed"
+    assert body["error"] == f"model file '{blob.name}' does not exist"
+    assert "\n" not in body["error"] and str(api_settings.data_dir) not in body["error"]
+    listed = client.get("/api/v1/jobs").json()["items"]
+    assert [j["error"] for j in listed if j["id"] == job["id"]] == [body["error"]]

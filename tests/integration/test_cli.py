@@ -37,10 +37,24 @@ def test_tasks_prints_the_fused_kernels_without_tuning(tmp_path: Path) -> None:
     assert not (tmp_path / "kiln.db").exists()  # a preview stores nothing
 
 
-def test_tasks_show_tir_prints_unscheduled_tir(tmp_path: Path) -> None:
+def test_tasks_show_tir_prints_unscheduled_tir_exactly(tmp_path: Path) -> None:
+    from tuner.frontend import load_model
+    from tuner.settings import Settings
+    from tuner.targets import resolve_target, to_tvm_target
+    from tuner.tasks import plan_graph
+
     done = kiln("tasks", str(MLP), "--show-tir", "0", data_dir=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "T.prim_func" in done.stdout
+    printed = done.stdout[done.stdout.index("# from tvm.script import") :]
+    # The task's TIR as the planner holds it, character for character: brackets (buffer indices,
+    # T.axis.remap's list) are not taken for markup, long lines are not wrapped.
+    settings = Settings()
+    target = to_tvm_target(resolve_target("host"))
+    plan = plan_graph(
+        load_model(MLP, {}).mod, target, settings.weight_prepack, settings.cpu_conv_layout, settings.fast_math
+    )
+    assert printed.rstrip("\n") == plan.infos[0].tir.rstrip("\n")
+    assert 'T.axis.remap("SSR", [' in printed
 
 
 def test_tasks_poly_prints_each_tasks_polyhedral_analysis(tmp_path: Path) -> None:
@@ -108,13 +122,14 @@ def test_tune_then_reuse_records_then_export(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr + done.stdout
     assert "faster" in done.stdout
     assert "verified vs onnxruntime" in done.stdout
-    artifact = out / "mlp.tar.gz"
+    (artifact,) = out.glob("mlp-*.tar.gz")
     with tarfile.open(artifact) as tar:
         assert "model.so" in tar.getnames()
 
     listing = kiln("jobs", data_dir=tmp_path)
     assert listing.returncode == 0 and "succeeded" in listing.stdout
     job_id = json.loads(tar_manifest(artifact))["job_id"]
+    assert artifact.name == f"mlp-{job_id[:8]}.tar.gz"  # the name the API's download gives it
 
     warm = kiln("tune", str(MLP), "--trials", "0", data_dir=tmp_path)
     assert warm.returncode == 0, warm.stderr
@@ -143,6 +158,10 @@ def test_tune_then_reuse_records_then_export(tmp_path: Path) -> None:
     bad_sort = kiln("profile", job_id, "--sort", "colour", data_dir=tmp_path)
     assert bad_sort.returncode == 2 and "--sort" in bad_sort.stderr
 
+    exported = kiln("export", job_id, "--out", str(tmp_path / "exported"), data_dir=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "exported" / artifact.name).read_bytes() == artifact.read_bytes()
+
     records = tmp_path / "records"
     exported = kiln("export", job_id, "--what", "records", "--out", str(records), data_dir=tmp_path)
     assert exported.returncode == 0, exported.stderr
@@ -159,7 +178,8 @@ def test_tune_with_a_time_budget_stops_then_compiles_and_verifies(tmp_path: Path
     assert done.returncode == 0, done.stderr + done.stdout
     assert "verified vs onnxruntime" in done.stdout
     assert "of a 20s budget" in done.stdout  # the elapsed and remaining time, as the job ends
-    manifest = json.loads(tar_manifest(out / "small_cnn.tar.gz"))
+    (artifact,) = out.glob("small_cnn-*.tar.gz")
+    manifest = json.loads(tar_manifest(artifact))
     budget = manifest["budget"]
     assert budget["trials"] is None and budget["time_s"] == 20.0  # --time alone: no trial limit
     assert budget["trials_measured"] > 0

@@ -19,11 +19,12 @@ import pytest
 
 from tests.models import build_mlp
 from tuner.entities import Job, JobSpec, JobStatus
+from tuner.failures import crash_report_path
 from tuner.job import submit_job
 from tuner.models import register_model
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.worker import Worker, crash_report_path
+from tuner.worker import Worker
 
 pytestmark = pytest.mark.slow
 
@@ -158,8 +159,10 @@ def test_segfaulting_tuning_process_fails_the_job_and_the_worker_keeps_serving(
     assert failed.status is JobStatus.FAILED
     assert "killed by SIGSEGV (segmentation fault) while tuning" in failed.error
     # It died at once (not in TVM's own handler, which can deadlock) and left its threads' stacks.
-    report = crash_report_path(fault_settings, job.id)
-    assert str(report) in failed.error
+    # The user is told where the stacks are, not the worker's path.
+    report = crash_report_path(fault_settings.jobs_dir, job.id)
+    assert "crash.txt in the job's directory on the worker" in failed.error
+    assert str(fault_settings.jobs_dir) not in failed.error
     assert "Segmentation fault" in report.read_text()
     assert store.count_records(job_id=job.id) >= 1  # kept
 

@@ -28,7 +28,24 @@ export function fmt(value, digits = 3) {
 
 export function fmtUs(us) {
   if (us === null || us === undefined) return "–";
-  return us >= 1000 ? `${(us / 1000).toFixed(2)} ms` : `${us.toFixed(1)} µs`;
+  if (us >= 1000) return `${(us / 1000).toFixed(2)} ms`;
+  if (us >= 10) return `${us.toFixed(1)} µs`;
+  if (us >= 1) return `${us.toFixed(2)} µs`;
+  return `${(us * 1000).toFixed(us >= 0.1 ? 0 : 1)} ns`;
+}
+
+// A job's target in a few words ("llvm znver4 · 2 cores"); the full canonical key goes in a title.
+export function shortTarget(job) {
+  const t = job.target || {};
+  const cores = t["num-cores"] ? ` · ${t["num-cores"]} cores` : "";
+  return `${t.kind || "?"}${t.mcpu ? ` ${t.mcpu}` : ""}${t.arch ? ` ${t.arch}` : ""}${cores}`;
+}
+
+// The headline figure: the tuned model against the runtime the user would otherwise use (onnxruntime),
+// untuned TVM second.
+export function speedupText(job) {
+  if (job.peer_speedup) return `${job.peer_speedup.toFixed(2)}× ${job.peer}`;
+  return job.speedup ? `${job.speedup.toFixed(1)}× untuned TVM` : "–";
 }
 
 export function fmtFlops(flops) {

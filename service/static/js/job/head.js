@@ -28,9 +28,13 @@ export function jobHead() {
           h("div", { class: "v" }, fmtDuration(job.tuning_remaining_s)),
           h("div", { class: "l" }, "time left")) : null,
         stat("tasks measured", `${job.progress.tasks_done} / ${job.progress.tasks_total}`),
-        stat("untuned TVM", job.baseline_latency_ms ? `${fmt(job.baseline_latency_ms)} ms` : "–"),
         stat("tuned", job.tuned_latency_ms ? `${fmt(job.tuned_latency_ms)} ms` : "–"),
-        stat("speedup", job.speedup ? `${job.speedup.toFixed(1)}×` : "–"),
+        job.peer ? stat(job.peer, `${fmt(job.reference_latency_ms[job.peer])} ms`) : null,
+        h("div", { class: "stat", id: "headline-speedup" },
+          h("div", { class: "v" }, job.peer_speedup ? `${job.peer_speedup.toFixed(2)}×` : "–"),
+          h("div", { class: "l" }, job.peer ? `speedup over ${job.peer}` : "no peer runtime measured")),
+        stat("untuned TVM", job.baseline_latency_ms ? `${fmt(job.baseline_latency_ms)} ms` : "–"),
+        stat("vs untuned TVM", job.speedup ? `${job.speedup.toFixed(1)}×` : "–"),
         stat("worker", job.worker || "–")),
       job.error ? errorBox({ kind: job.status, message: job.error }) : null,
       actions);
@@ -64,7 +68,7 @@ export function latencyBars() {
       ? `Median of ${rounds} interleaved rounds (range in brackets); each round times every implementation once, in a fresh process, same inputs.`
       : "Median wall time in a fresh process per implementation, same inputs."),
     report && report.warnings.length
-      ? h("div", { class: "error", role: "alert", id: "latency-warnings" }, h("span", { class: "kind" }, "busy machine?"), report.warnings.join(" "))
+      ? h("div", { class: "error", role: "alert", id: "latency-warnings" }, h("div", { class: "kind" }, "busy machine?"), h("ul", {}, report.warnings.map((w) => h("li", {}, w))))
       : null,
     accuracyTable(job.accuracy));
   }
