@@ -192,6 +192,9 @@ def rpc_server(
     key: Annotated[str, typer.Option(help="Device key that jobs' rpc runners ask for")],
     host: RPCHostOpt = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 9090,
+    tracker_wait: Annotated[
+        float, typer.Option(help="Seconds to keep trying a tracker that does not answer yet")
+    ] = 60.0,
 ) -> None:
     """Run a TVM RPC server (a measurement device) registered at a tracker, until Ctrl-C or SIGTERM."""
     from tuner.rpc.processes import run_until_stopped, start_server, stop_on_sigterm
@@ -199,7 +202,13 @@ def rpc_server(
     timeout = current_settings().rpc_timeout_s
     stop = stop_on_sigterm()
     server = start_server(
-        tracker, key, host, port, silent=not logging.getLogger().isEnabledFor(logging.INFO), timeout_s=timeout
+        tracker,
+        key,
+        host,
+        port,
+        silent=not logging.getLogger().isEnabledFor(logging.INFO),
+        timeout_s=timeout,
+        tracker_wait_s=tracker_wait,
     )
     console.print(
         f"RPC server [bold]{key}[/] listening on {server.address}, registered at tracker {tracker}; "

@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 import tuner
@@ -68,6 +69,10 @@ def create_app(
             "torch.export program, tune it with MetaSchedule, download the compiled artifact."
         ),
         lifespan=lifespan,
+        # Served below from the vendored Swagger UI: FastAPI's defaults load it from a CDN, which a machine
+        # without internet access cannot reach (a blank page).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.kiln = state
     install_error_handlers(app)
@@ -77,6 +82,16 @@ def create_app(
         app.include_router(router)
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    def api_docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title="Kiln API",
+            swagger_js_url="/static/vendor/swagger-ui/swagger-ui-bundle.js",
+            swagger_css_url="/static/vendor/swagger-ui/swagger-ui.css",
+            swagger_favicon_url="/static/vendor/swagger-ui/favicon-32x32.png",
+        )
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:

@@ -267,3 +267,27 @@ def test_the_page_asks_for_a_token_and_says_when_it_is_wrong(
     page.click("#login-form button[type=submit]")
     page.get_by_text("No model yet").wait_for()
     assert not page.evaluate("document.querySelector('#login').open")
+
+
+def test_api_docs_render_offline(start_server: Callable[..., str], browser_page) -> None:
+    """/docs is Kiln's own Swagger UI: with every request off this server refused (no internet, no CDN),
+    the page lists the API's operations."""
+    page = browser_page
+    url = start_server()
+    elsewhere: list[str] = []
+
+    def only_this_server(route) -> None:
+        if route.request.url.startswith(url):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_this_server)
+    page.goto(f"{url}/docs")
+    page.locator(".swagger-ui .opblock").first.wait_for()
+    operations = page.locator(".swagger-ui .opblock-summary-path").all_inner_texts()
+    assert "/api/v1/jobs/{job_id}/artifact" in [o.replace("\u200b", "") for o in operations]
+    assert len(operations) > 20
+    assert "Kiln" in page.locator(".swagger-ui .info .title").inner_text()
+    assert elsewhere == []

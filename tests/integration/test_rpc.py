@@ -299,6 +299,56 @@ def test_cli_server_registers_and_stops_on_sigterm(tracker: RPCProcess, tmp_path
     assert _gone(tracker.address, key)
 
 
+def test_cli_server_started_before_its_tracker_waits_for_it(tmp_path: Path) -> None:
+    """As in docker-compose, a device server may start before its tracker: it keeps trying, then
+    registers; one given no time gives up at once with the reason."""
+    port = _closed_port()
+    key = "kiln-early"
+    proc = subprocess.Popen(
+        _kiln(
+            "rpc", "server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--port", "0", tmp_path=tmp_path
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
+    try:
+        time.sleep(4.0)  # longer than it took the old server to give up
+        assert proc.poll() is None, proc.communicate()
+        with start_tracker("127.0.0.1", port) as late:
+            assert _queue(late.address, key, free=1, wait_s=60.0) is not None, "server never registered"
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "trying again for up to 60 s" in err and f"registered at tracker 127.0.0.1:{port}" in out
+
+    impatient = subprocess.run(
+        _kiln(
+            "rpc",
+            "server",
+            "--tracker",
+            f"127.0.0.1:{_closed_port()}",
+            "--key",
+            key,
+            "--tracker-wait",
+            "0",
+            tmp_path=tmp_path,
+        ),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert impatient.returncode == 2 and "device_unavailable" in impatient.stderr
+
+
 def test_devices_route_shows_the_trackers_queue(
     tracker: RPCProcess, server: RPCProcess, tmp_path: Path
 ) -> None:

@@ -101,16 +101,19 @@ def start_server(
     port: int = 9090,
     silent: bool = True,
     timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+    tracker_wait_s: float = 0.0,
 ) -> RPCProcess:
     """Start a TVM RPC server on ``host:port`` (port 0: a free one) and register it at the tracker.
 
     Returns once the tracker lists the server; raises ``DeviceUnavailable`` when the tracker cannot be
-    reached (TVM's server would retry silently for a minute, then stop serving while still running).
+    reached within ``tracker_wait_s`` (a tracker and its servers started together, as in
+    docker-compose.yml, come up in any order; TVM's server would retry silently for a minute, then stop
+    serving while still running).
     """
     if not key or ":" in key or any(c.isspace() for c in key):
         raise InvalidSpec(f"an RPC key must be a non-empty word without ':' or spaces, got {key!r}")
     tracker_host, tracker_port = parse_tracker(tracker)
-    tracker_summary(tracker, timeout_s)
+    wait_for_tracker(tracker, tracker_wait_s, timeout_s)
     process = _start(
         "server",
         host,
@@ -136,6 +139,26 @@ def start_server(
             )
         time.sleep(0.1)
     return process
+
+
+def wait_for_tracker(tracker: str, wait_s: float, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S) -> None:
+    """Return once the tracker answers, trying again for up to ``wait_s`` seconds (every second, saying so
+    once); ``DeviceUnavailable`` with the last reason after that."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            tracker_summary(tracker, timeout_s)
+            return
+        except DeviceUnavailable as exc:
+            if time.monotonic() + 1.0 > deadline:
+                if wait_s > 0:
+                    raise DeviceUnavailable(f"{exc.message} (tried for {wait_s:g} s)") from None
+                raise
+            if not said:
+                log.warning("%s; trying again for up to %g s", exc.message, wait_s)
+                said = True
+            time.sleep(1.0)
 
 
 def stop_on_sigterm() -> threading.Event:
