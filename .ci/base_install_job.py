@@ -30,9 +30,13 @@ def request(url: str, data: bytes | None = None, headers: dict[str, str] | None 
 def upload(api: str, model: Path) -> dict:
     boundary = uuid.uuid4().hex
     body = (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{model.name}"\r\n'
-        "Content-Type: application/octet-stream\r\n\r\n"
-    ).encode() + model.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{model.name}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + model.read_bytes()
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     return request(f"{api}/models", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
 
 

@@ -124,14 +124,16 @@ def profile(
     bytes moved, its place under this machine's roofline, and onnxruntime's matched nodes beside it."""
     if sort not in _PROFILE_ORDER:
         raise typer.BadParameter(f"--sort must be one of {', '.join(_PROFILE_ORDER)}, not {sort!r}")
+    from tuner.inspection import job_profile
+
     store = open_store()
     job = store.get_job(job_id)
-    found = store.get_job_profile(job.id)
+    found, check = job_profile(store, job)
     if as_json:
-        print(json.dumps(found.as_dict(), indent=2))
+        print(json.dumps({**found.as_dict(), "warnings": check.warnings}, indent=2))
         return
     ordered = dataclasses.replace(found, kernels=tuple(sorted(found.kernels, key=_PROFILE_ORDER[sort])))
-    print_profile(ordered, job.id)
+    print_profile(ordered, job.id, check.warnings)
 
 
 @app.command()
@@ -168,10 +170,16 @@ def export(
         shutil.copyfile(src, dest)
         console.print(f"artifact: {dest}")
     elif what == "records":
-        from tuner.artifact import write_records
+        from tuner.artifact import write_records, write_records_intrinsics
 
         rows = store.job_records(job, current_settings().record_scope(job.owner))
         count = write_records(rows, out, per_workload=sys.maxsize)
         console.print(f"{count} records -> {out}/database_workload.json, {out}/database_tuning_record.json")
+        used = write_records_intrinsics(out, out)
+        if used:
+            console.print(
+                f"{out}/kiln_intrinsics/ registers the tensor intrinsics they use ({', '.join(sorted(used))}): "
+                "import it before reading them with plain TVM"
+            )
     else:
         raise KilnError(f"--what must be 'artifact' or 'records', got {what!r}")

@@ -155,9 +155,9 @@ def profile_table(profile: ModelProfile, job_id: str) -> Table:
     return table
 
 
-def print_profile(profile: ModelProfile, job_id: str) -> None:
+def print_profile(profile: ModelProfile, job_id: str, warnings: list[str] | None = None) -> None:
     """A job's profile: the machine's roofs, the kernels, and how it compares with the measured latency
-    and with onnxruntime."""
+    and with onnxruntime; then what in it disagrees (a busy machine), if anything."""
     if profile.limits:
         console.print(f"this machine: {limits_line(profile.limits)}", highlight=False)
     console.print(profile_table(profile, job_id))
@@ -183,6 +183,8 @@ def print_profile(profile: ModelProfile, job_id: str) -> None:
         )
     elif profile.onnxruntime_note:
         console.print(f"onnxruntime: {profile.onnxruntime_note}", highlight=False)
+    for warning in warnings or []:
+        console.print(f"[bold red]disturbed:[/] {escape(warning)}", highlight=False)
 
 
 def fusion_line(fusion: FusionSummary) -> str:

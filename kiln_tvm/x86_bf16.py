@@ -20,7 +20,7 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 #: The name Kiln's tiling rule and the ``Tensorize`` instructions of traces refer to.
-DPBF16_INTRINSIC = "dot_16x2_avx512bf16"
+DPBF16_INTRINSIC = "kiln_dot_16x2_avx512bf16"
 #: Output lanes and products per lane of one instruction.
 DPBF16_LANES, DPBF16_PAIR = 16, 2
 _FUNCTION = "kiln_dpbf16ps_16x2"

@@ -2,7 +2,7 @@
 
 TVM registers ``dot_16x4_vnni`` with ``int32x16`` operands for ``llvm.x86.avx512.vpdpbusd.512``; the LLVM
 the 0.27 wheel bundles declares that intrinsic over ``<64 x i8>`` vectors, so every tensorized candidate
-fails to build (TVM_NOTES.md). The implementation here passes the same bytes as ``uint8x64``/``int8x64``;
+fails to build (TVM_NOTES.md). Kiln's :data:`VNNI_INTRINSIC` passes the same bytes as ``uint8x64``/``int8x64``;
 the description (16 output lanes, 4 products each: ``C[i] += A[k] * B[i, k]``, u8 x s8 -> s32) is TVM's,
 written here for both widths.
 
@@ -19,12 +19,15 @@ from typing import Any
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-#: The name MetaSchedule's tiling rule and the ``Tensorize`` instructions of traces refer to.
-VNNI_INTRINSIC = "dot_16x4_vnni"
+#: The name Kiln's tiling rule and the ``Tensorize`` instructions of traces refer to. Kiln's own, not
+#: TVM's ``dot_16x4_vnni``: a process that imports TVM's x86 intrinsics gets TVM's under that name, which does
+#: not build, and plain TVM reading Kiln's records must get this one (artifacts ship
+#: :mod:`tuner.intrinsics_module`'s module that registers it).
+VNNI_INTRINSIC = "kiln_dot_16x4_vnni"
 #: Output lanes and products per lane of one instruction (the packed weight's inner block: 16 x 4 bytes).
 VNNI_LANES, VNNI_DEPTH = 16, 4
 #: The 256-bit product (AVX-VNNI): 8 output lanes of 4 products (a 32-byte weight block).
-AVXVNNI_INTRINSIC = "dot_8x4_avxvnni"
+AVXVNNI_INTRINSIC = "kiln_dot_8x4_avxvnni"
 AVXVNNI_LANES = 8
 
 
@@ -86,8 +89,7 @@ _registered = False
 
 
 def register_vnni_intrinsic() -> None:
-    """(Re-)register :data:`VNNI_INTRINSIC` with the implementation above, and register
-    :data:`AVXVNNI_INTRINSIC`, once per process."""
+    """Register :data:`VNNI_INTRINSIC` and :data:`AVXVNNI_INTRINSIC`, once per process."""
     global _registered
     if _registered:
         return

@@ -28,6 +28,7 @@ from tuner.entities import (
     TensorSpec,
 )
 from tuner.inspection import time_shares
+from tuner.profile_check import ProfileCheck
 
 MAX_TIME_BUDGET_S = 7 * 24 * 3600  # a week: a longer budget is a typo
 
@@ -525,9 +526,14 @@ class KernelProfileOut(EntityOut):
     onnxruntime_nodes: list[str]
     matched_calls: int = Field(description="Calls of this kernel some onnxruntime node matched")
     compared: bool = Field(description="Whether onnxruntime's time covers all its calls (a fair comparison)")
+    tuned_best_us: float | None = Field(
+        default=None, description="Its task's best latency per call as measured while tuning"
+    )
 
     @classmethod
-    def of(cls, kernel: KernelProfile, limits: MachineLimits | None) -> KernelProfileOut:
+    def of(
+        cls, kernel: KernelProfile, limits: MachineLimits | None, tuned_best_us: float | None = None
+    ) -> KernelProfileOut:
         attainable = kernel.attainable_gflops(limits)
         gflops = kernel.gflops
         return cls.from_entity(
@@ -535,6 +541,7 @@ class KernelProfileOut(EntityOut):
             attainable_gflops=attainable,
             roof_fraction=gflops / attainable if gflops and attainable else None,
             bound=kernel.bound(limits),
+            tuned_best_us=tuned_best_us,
         )
 
 
@@ -564,16 +571,22 @@ class ProfileOut(EntityOut):
     onnxruntime_nodes: list[OnnxruntimeNodeOut]
     onnxruntime_note: str = Field(description="Why there is no onnxruntime profile ('' when there is)")
     how: str
+    disturbed: bool = Field(description="Whether the figures disagree with each other (a busy machine)")
+    warnings: list[str] = Field(description="What disagrees, and by how much; empty when the figures agree")
 
     @classmethod
-    def of(cls, job_id: str, profile: ModelProfile) -> ProfileOut:
+    def of(cls, job_id: str, profile: ModelProfile, check: ProfileCheck) -> ProfileOut:
         limits = profile.limits
         return cls.from_entity(
             profile,
             job_id=job_id,
             limits=MachineLimitsOut.from_entity(limits) if limits else None,
-            kernels=[KernelProfileOut.of(k, limits) for k in profile.kernels],
+            kernels=[
+                KernelProfileOut.of(k, limits, check.tuned_best_us.get(k.name)) for k in profile.kernels
+            ],
             onnxruntime_nodes=[OnnxruntimeNodeOut.from_entity(n) for n in profile.onnxruntime_nodes],
+            disturbed=check.disturbed,
+            warnings=check.warnings,
         )
 
 

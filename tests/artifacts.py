@@ -40,3 +40,38 @@ def run_artifact_in_fresh_process(artifact: Path, x: np.ndarray, workdir: Path) 
     np.save(root / "input.npy", x)
     subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(root)], check=True, timeout=300)
     return np.load(root / "output.npy")
+
+
+READ_RECORDS = """
+import json, sys
+root, register = sys.argv[1], sys.argv[2] == "register"
+sys.path.insert(0, root)
+if register:
+    import kiln_intrinsics  # what the artifact ships: plain TVM only
+from tvm.s_tir import meta_schedule as ms
+db = ms.database.JSONDatabase(
+    path_workload=root + "/records/database_workload.json",
+    path_tuning_record=root + "/records/database_tuning_record.json",
+)
+records = db.get_all_tuning_records()
+kiln = sorted(m for m in sys.modules if m.split(".")[0] in ("tuner", "kiln_tvm", "schedules", "cli", "service"))
+print(json.dumps({"records": len(records), "traces": [str(r.trace) for r in records], "kiln_modules": kiln}))
+"""
+
+
+def read_records_in_fresh_process(
+    artifact: Path, workdir: Path, register: bool
+) -> subprocess.CompletedProcess:
+    """Unpack an artifact and read its records with plain TVM's ``JSONDatabase`` in a new, isolated Python
+    process (no Kiln module imported), after importing the artifact's ``kiln_intrinsics`` when ``register``."""
+    root = workdir / "unpacked-records"
+    if not root.exists():
+        with tarfile.open(artifact, "r:gz") as tar:
+            tar.extractall(root, filter="data")
+    return subprocess.run(
+        [sys.executable, "-I", "-c", READ_RECORDS, str(root), "register" if register else "plain"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )

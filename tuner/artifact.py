@@ -20,15 +20,18 @@ from typing import Any
 from kiln_tvm import ms
 from kiln_tvm.x86_amx import permission_constructor_object
 from tuner.entities import StoredRecord
+from tuner.intrinsics_module import PACKAGE, intrinsics_used, write_intrinsics_package
 
 RECORDS_PER_WORKLOAD = 32
 
 RUN_PY = '''"""Load and run this Kiln artifact with plain Apache TVM (apache-tvm==0.27.0.post1).
 
     python run.py            # random inputs from manifest.json; prints outputs and latency
+    python run.py --records  # also reads the tuning records (after registering Kiln's intrinsics)
 """
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +43,19 @@ os.environ.setdefault("TVM_NUM_THREADS", str(manifest["target"].get("num-cores",
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
+
+if "--records" in sys.argv:
+    # The records' schedules may use Kiln's tensor intrinsics: kiln_intrinsics/ (plain TVM) registers them.
+    sys.path.insert(0, str(here))
+    if (here / "kiln_intrinsics").is_dir():
+        import kiln_intrinsics  # noqa: E402, F401
+    from tvm.s_tir import meta_schedule as ms  # noqa: E402
+
+    db = ms.database.JSONDatabase(
+        path_workload=str(here / "records" / "database_workload.json"),
+        path_tuning_record=str(here / "records" / "database_tuning_record.json"),
+    )
+    print(f"records: {len(db.get_all_tuning_records())} tuning records of {len(db)} workloads")
 
 lib = tvm.runtime.load_module(str(here / "model.so"))
 vm = relax.VirtualMachine(lib, tvm.cpu())
@@ -142,13 +158,18 @@ def pack_artifact(
         shutil.copyfile(library, root / "model.so")
         manifest = dict(manifest)
         manifest["records"] = write_records(record_rows, root / "records")
+        intrinsics = write_records_intrinsics(root / "records", root)
         manifest["files"] = [
             "model.so",
             "manifest.json",
             "run.py",
+            "README.md",
             "records/database_workload.json",
             "records/database_tuning_record.json",
+            *([f"{PACKAGE}/"] if intrinsics else []),
         ]
+        manifest["tensor_intrinsics"] = sorted(intrinsics)
+        (root / "README.md").write_text(artifact_readme(manifest, bool(intrinsics)))
         (root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
         (root / "run.py").write_text(RUN_PY)
         partial = dest.with_suffix(dest.suffix + ".partial")
@@ -160,11 +181,65 @@ def pack_artifact(
 
 
 def records_tarball(rows: list[StoredRecord], top_dir: str = "records") -> bytes:
-    """Every valid record of ``rows`` as a .tar.gz of a MetaSchedule JSON database (for downloads)."""
+    """Every valid record of ``rows`` as a .tar.gz of a MetaSchedule JSON database (for downloads), with
+    ``kiln_intrinsics/`` beside it when the records use Kiln's tensor intrinsics."""
     with tempfile.TemporaryDirectory(prefix="kiln-records-") as tmp:
         dest = Path(tmp) / top_dir
         write_records(rows, dest, per_workload=sys.maxsize)
+        intrinsics = write_records_intrinsics(dest, Path(tmp))
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
             tar.add(dest, arcname=top_dir)
+            if intrinsics:
+                tar.add(Path(tmp) / PACKAGE, arcname=PACKAGE)
         return buffer.getvalue()
+
+
+def write_records_intrinsics(records_dir: Path, dest: Path) -> set[str]:
+    """Write ``dest/kiln_intrinsics/`` for the Kiln tensor intrinsics the records in ``records_dir`` use;
+    the names (empty: none used, nothing written)."""
+    used = intrinsics_used([(records_dir / "database_tuning_record.json").read_text()])
+    write_intrinsics_package(dest, used)
+    return used
+
+
+def artifact_readme(manifest: dict[str, Any], intrinsics: bool) -> str:
+    """The artifact's README.md: what is in it, how to run it and how to read its records with plain TVM."""
+    register = (
+        f"import {PACKAGE}  # noqa: F401  (registers Kiln's tensor intrinsics: "
+        f"{', '.join(manifest['tensor_intrinsics'])})\n"
+        if intrinsics
+        else ""
+    )
+    why = (
+        f"\nThe records' schedules use tensor intrinsics of Kiln's own; `{PACKAGE}/` (plain TVM, no Kiln) "
+        "registers them, and must be imported before the records are read, or MetaSchedule fails with "
+        '"TensorIntrin ... is not registered".\n'
+        if intrinsics
+        else ""
+    )
+    return f"""# Kiln artifact: {manifest.get("model", {}).get("name", "model")}
+
+Compiled and verified by Kiln for `{manifest.get("target_key", "")}`. Needs only Apache TVM
+(`pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1`) and NumPy.
+
+- `model.so`: the compiled model (load with `tvm.runtime.load_module`, run with `relax.VirtualMachine`)
+- `manifest.json`: inputs, outputs, target, latencies, verification, tuning budget
+- `run.py`: runs the model on random inputs and times it: `python run.py`; `python run.py --records` also
+  reads the tuning records
+- `records/`: the tuning records, a MetaSchedule JSON database (the best schedules of each kernel)
+{f"- `{PACKAGE}/`: registers the tensor intrinsics the records use" if intrinsics else ""}
+{why}
+## Reading the records with plain TVM
+
+```python
+{register}from tvm.s_tir import meta_schedule as ms
+
+db = ms.database.JSONDatabase(
+    path_workload="records/database_workload.json",
+    path_tuning_record="records/database_tuning_record.json",
+)
+for record in db.get_all_tuning_records():
+    print(record.trace)
+```
+"""

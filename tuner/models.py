@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuner.entities import ModelFormat, ModelInfo, ModelSignature
+from tuner.errors import NotFound
 from tuner.sandbox import ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
@@ -60,6 +61,9 @@ def register_model(
         fmt = ModelFormat(found["format"])
         existing = store.find_model_by_sha256(found["sha256"], owner)
         if existing is not None:
+            kept = settings.blob_dir / store.model_blob_path(existing.id)
+            if not kept.exists():  # lost from the data directory: the same bytes bring it back
+                os.replace(tmp_blob, kept)
             return existing, False
         blob_name = found["sha256"] + BLOB_SUFFIX[fmt]
         dest = settings.blob_dir / blob_name
@@ -80,8 +84,15 @@ def register_model(
 
 
 def model_file(store: Store, settings: Settings, model_id: str) -> Path:
-    """Path of a stored model's bytes."""
-    return settings.blob_dir / store.model_blob_path(model_id)
+    """Path of a stored model's bytes; :class:`NotFound` when they are gone from the data directory."""
+    path = settings.blob_dir / store.model_blob_path(model_id)
+    if not path.is_file():
+        name = store.get_model(model_id).name
+        raise NotFound(
+            f"the stored file of model '{name}' is missing from the server's data directory: upload the model "
+            "again (the same bytes get the same model) and submit a new job"
+        )
+    return path
 
 
 def base_name(name: str | None) -> str:

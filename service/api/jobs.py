@@ -248,7 +248,7 @@ def task_asm(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> Ker
 )
 def job_profile(job_id: str, state: StateDep, owner: OwnerDep) -> ProfileOut:
     job = state.store.get_job(job_id, owner)
-    return ProfileOut.of(job.id, state.store.get_job_profile(job.id))
+    return ProfileOut.of(job.id, *inspection.job_profile(state.store, job))
 
 
 def _snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:

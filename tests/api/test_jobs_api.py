@@ -327,7 +327,7 @@ def test_the_dashboard_and_its_vendored_libraries_are_served(client: TestClient)
 
 
 def test_a_failed_job_says_why_in_one_sentence_without_server_paths(
-    client: TestClient, api_settings: Settings, mlp_model: dict
+    client: TestClient, api_settings: Settings, mlp_model: dict, mlp_bytes: bytes
 ) -> None:
     # The model's stored bytes are lost from the worker's disk after the job was queued.
     job = _submit(client, mlp_model["id"], trials=8, seed=1)
@@ -337,7 +337,12 @@ def test_a_failed_job_says_why_in_one_sentence_without_server_paths(
 
     body = client.get(f"/api/v1/jobs/{job['id']}").json()
     assert body["status"] == "failed"
-    assert body["error"] == f"model file '{blob.name}' does not exist"
+    assert body["error"].startswith("the stored file of model 'mlp' is missing from the server's data directory")
     assert "\n" not in body["error"] and str(api_settings.data_dir) not in body["error"]
     listed = client.get("/api/v1/jobs").json()["items"]
     assert [j["error"] for j in listed if j["id"] == job["id"]] == [body["error"]]
+
+    # As the message says, uploading the same bytes again brings the file back.
+    again = client.post("/api/v1/models", files={"file": ("mlp.onnx", mlp_bytes)})
+    assert again.status_code == 200 and again.json()["id"] == mlp_model["id"]
+    assert blob.read_bytes() == mlp_bytes

@@ -28,6 +28,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """
     started: list[tuple[subprocess.Popen[bytes], Path]] = []
     processes: dict[str, subprocess.Popen[bytes]] = {}
+    data_dirs: dict[str, str] = {}
 
     def start(**env_vars: str) -> str:
         port = _free_port()
@@ -45,6 +46,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
         started.append((proc, log_path))
         url = f"http://127.0.0.1:{port}"
         processes[url] = proc
+        data_dirs[url] = env["KILN_DATA_DIR"]
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -57,6 +59,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
             time.sleep(0.3)
 
     start.processes = processes  # type: ignore[attr-defined]  # url -> the server's process
+    start.data_dirs = data_dirs  # type: ignore[attr-defined]  # url -> its KILN_DATA_DIR
     yield start
     for proc, log_path in started:
         proc.terminate()

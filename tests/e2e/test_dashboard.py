@@ -200,7 +200,20 @@ def test_upload_tune_watch_inspect_download(
         "ascending"
     )
     page.click("#profile-table th[data-key=total_us]")
+    # The card's figures agree, or it says plainly that they were disturbed, with the API's reasons.
+    profile = httpx.get(f"{url}/api/v1/jobs/{job_id}/profile").json()
+    shown = page.locator("#profile-disturbed li").all_inner_texts()
+    assert shown == profile["warnings"] and profile["disturbed"] == bool(shown)
+    assert any(k["tuned_best_us"] for k in profile["kernels"])
     page.locator("#profile").screenshot(path=str(OUTPUT / "job-roofline.png"))
+
+    # At 1400 px nothing in the task table, the compiler view or the profile is cut off.
+    for card in ("#task-table", "#compiler-view", "#profile-table"):
+        assert _overflow(page, card) <= 0, card
+    page.click(".tabs button[data-tab=polyhedral]")
+    page.locator("#poly-legality tbody tr").first.wait_for(timeout=60_000)
+    assert _overflow(page, "#poly-legality") <= 0
+    page.click(".tabs button[data-tab=schedule]")
 
     page.screenshot(path=str(OUTPUT / "job-page.png"), full_page=True)
 
@@ -211,11 +224,36 @@ def test_upload_tune_watch_inspect_download(
     with tarfile.open(artifact, "r:gz") as tar:
         assert {"model.so", "manifest.json", "run.py"} <= set(tar.getnames())
 
-    # Back on the jobs list, the job is there with its speedup.
+    # A job that fails (its model's file lost from the server's disk) says why, in one line, in the list.
+    other = tmp_path / "other.onnx"
+    onnx.save(build_mlp(seed=22), str(other))
+    with other.open("rb") as fh:
+        lost = httpx.post(f"{url}/api/v1/models", files={"file": ("other.onnx", fh)}, timeout=60).json()
+    data_dir = Path(start_server.data_dirs[url])  # type: ignore[attr-defined]
+    next(data_dir.rglob(f"{lost['sha256']}*")).unlink()
+    failed = httpx.post(f"{url}/api/v1/jobs", json={"model_id": lost["id"], "trials": 4}).json()
+
+    # Back on the jobs list, the job is there with its speedup over onnxruntime, then over untuned TVM.
     page.click("text=Jobs")
     row = page.locator(f"#jobs-table tr[data-job='{job_id}']")
     row.wait_for()
-    assert "succeeded" in row.inner_text() and "×" in row.inner_text()
+    text = row.inner_text()
+    assert "succeeded" in text and "× untuned" in text and "onnxruntime" in text
+    failed_row = page.locator(f"#jobs-table tr[data-job='{failed['id']}']")
+    failed_row.locator(".badge[data-status=failed]").wait_for(timeout=120_000)
+    reason = failed_row.locator(".reason").inner_text()
+    assert reason == httpx.get(f"{url}/api/v1/jobs/{failed['id']}").json()["error"]
+    assert "the stored file of model 'other' is missing" in reason and "Traceback" not in reason and str(data_dir) not in reason
+    assert _overflow(page, "#jobs-table") <= 0
+    page.screenshot(path=str(OUTPUT / "jobs-list.png"), full_page=True)
+
+
+def _overflow(page, selector: str) -> int:
+    """How many pixels the card holding ``selector`` would need to scroll sideways (> 0: cut off)."""
+    return page.evaluate(
+        "(s) => { const c = document.querySelector(s).closest('.card'); return c.scrollWidth - c.clientWidth; }",
+        selector,
+    )
 
 
 def test_a_bf16_job_page_says_how_it_computed_and_how_accurate_it_is(

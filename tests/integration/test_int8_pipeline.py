@@ -15,7 +15,7 @@ import pytest
 from schedules.amx import has_amx_int8
 from schedules.vnni import vnni_lanes
 from service.schemas import JobOut
-from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
+from tests.artifacts import onnxruntime_output, read_records_in_fresh_process, run_artifact_in_fresh_process
 from tests.models import build_mlp
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.entities import JobSpec, JobStatus
@@ -97,6 +97,23 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     x = np.random.default_rng(5).standard_normal((1, 8, 12, 12)).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     assert np.abs(got - onnxruntime_output(path, x)).max() <= 1.001 * step
+
+    # Plain TVM reads the artifact's records in a process that never imported Kiln: on a VNNI CPU after
+    # importing only the kiln_intrinsics package the artifact ships (without it, the VNNI records cannot be
+    # replayed); elsewhere the records use no intrinsic of Kiln's and the artifact ships none.
+    artifact = Path(result.artifact.path)
+    read = read_records_in_fresh_process(artifact, tmp_path, register=lanes is not None)
+    assert read.returncode == 0, read.stderr
+    records = json.loads(read.stdout)
+    assert records["records"] > 0 and records["kiln_modules"] == []
+    if lanes is not None:
+        intrinsic = "kiln_dot_16x4_vnni" if lanes == 16 else "kiln_dot_8x4_avxvnni"
+        assert manifest["tensor_intrinsics"] == [intrinsic] and "kiln_intrinsics/" in manifest["files"]
+        assert any(intrinsic in trace for trace in records["traces"])
+        unregistered = read_records_in_fresh_process(artifact, tmp_path, register=False)
+        assert unregistered.returncode != 0 and f"{intrinsic}" in unregistered.stderr
+    else:
+        assert manifest["tensor_intrinsics"] == [] and "kiln_intrinsics/" not in manifest["files"]
 
 
 def _quantized_mlp(workdir: Path, batch: int) -> tuple[Path, Path]:

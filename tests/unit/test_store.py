@@ -147,6 +147,30 @@ def test_migrations_downgrade_and_upgrade_again(store: Store) -> None:
     add_model(store)
 
 
+def test_records_of_the_old_intrinsic_names_are_renamed_by_the_migration(store: Store) -> None:
+    wid = store.add_workload("7", "[]", "# tir")
+    trace = [[["Annotate", ["b0"], ["meta_schedule.auto_tensorize", "dot_16x4_vnni"], []]], []]
+    with store.engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0009")
+    rid = store.add_record(
+        workload_id=wid,
+        job_id=None,
+        target_key=TARGET,
+        target_json="{}",
+        trace_json=json.dumps(trace),
+        run_secs=[1e-5],
+        args_info_json="[]",
+        record_json=json.dumps([trace, [1e-5], {}, []]),
+    )
+    store.upgrade()
+    with store.engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT trace_json, record_json FROM tuning_records WHERE id = :id"), {"id": rid}
+        ).one()
+    for text in row:
+        assert '"kiln_dot_16x4_vnni"' in text and '"dot_16x4_vnni"' not in text
+
+
 def test_orm_models_match_the_migrations(store: Store) -> None:
     with store.engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})

@@ -4,11 +4,14 @@ import { fill, h } from "./dom.js";
 
 const COLORS = ["#c2410c", "#1d4ed8", "#15803d", "#7c3aed"];
 
-export function lineChart(container, { xLabel, yLabel, series, x, ys, points = false }) {
+// Trial numbers are whole: the x axis ticks only at these steps (uPlot would otherwise pick 0.5, 2.5...).
+const WHOLE_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000];
+
+export function lineChart(container, { xLabel, yLabel, series, x, ys, points = false, empty = "No measured trial yet." }) {
   fill(container);
   container.dataset.points = String(x.length);
   if (!x.length) {
-    container.append(h("p", { class: "muted" }, "No measured trial yet."));
+    container.append(h("p", { class: "muted" }, empty));
     return null;
   }
   const width = Math.max(320, container.clientWidth || 600);
@@ -16,7 +19,9 @@ export function lineChart(container, { xLabel, yLabel, series, x, ys, points = f
     width,
     height: 260,
     scales: { x: { time: false } },
-    axes: [{ label: xLabel }, { label: yLabel, size: 70 }],
+    // The legend names the series; values under the cursor would read "--" until one hovers the plot.
+    legend: { live: false },
+    axes: [{ label: xLabel, incrs: WHOLE_STEPS }, { label: yLabel, size: 70 }],
     series: [
       { label: xLabel },
       ...series.map((s, i) => ({

@@ -73,12 +73,20 @@ export function compilerView(jobId) {
     try {
       const g = await api(`jobs/${jobId}/graph`);
       const hist = Object.entries(g.fusion.operator_histogram).sort((a, b) => b[1] - a[1]);
+      // The kernels the fused program calls, by how often: read from its text (R.call_tir(cls.NAME, ...)).
+      const calls = {};
+      for (const m of g.graph.matchAll(/R\.call_tir\(cls\.([\w.]+)/g)) calls[m[1]] = (calls[m[1]] || 0) + 1;
+      const kernels = Object.entries(calls).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+      const countTable = (id, title, rows) => h("table", { id, style: "width: auto" },
+        h("thead", {}, h("tr", {}, h("th", {}, title), h("th", { class: "num" }, "Count"))),
+        h("tbody", {}, rows.map(([name, n]) => h("tr", {}, h("td", {}, name), h("td", { class: "num" }, n)))));
       fill(graph, h("details", { id: "graph-details" },
         h("summary", {}, `Model after fusion: ${g.fusion.operators_before} operators → ${g.fusion.kernels_after} kernels (${g.fusion.distinct_tasks} distinct tasks)`),
         quantizationNote(g.fusion),
         precisionNote(g.fusion),
-        h("table", { style: "width: auto" }, h("thead", {}, h("tr", {}, h("th", {}, "Operator"), h("th", { class: "num" }, "Count"))),
-          h("tbody", {}, hist.map(([op, n]) => h("tr", {}, h("td", {}, op), h("td", { class: "num" }, n))))),
+        h("div", { class: "row" },
+          h("div", {}, h("h3", {}, `Before fusion: ${g.fusion.operators_before} operators`), countTable("fusion-before", "Operator", hist)),
+          h("div", {}, h("h3", {}, `After fusion: ${g.fusion.kernels_after} kernel calls`), countTable("fusion-after", "Kernel", kernels))),
         h("h3", {}, "Relax program after fusion"), code(g.graph)));
     } catch (err) {
       fill(graph, errorBox(err));

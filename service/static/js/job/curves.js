@@ -9,6 +9,7 @@ export function tuningCurves(jobId) {
   const jobChart = h("div", { class: "chart", id: "curve-chart" });
   const taskChart = h("div", { class: "chart", id: "task-chart" });
   let selectedTask = null;
+  let tasks = [];
   let lastDrawnAt = 0;
   let timer = null;
   const picker = taskPicker("task-select", (taskId) => { selectedTask = taskId; drawTask(); });
@@ -18,7 +19,11 @@ export function tuningCurves(jobId) {
     try {
       const curve = await api(`jobs/${jobId}/curve`);
       const pts = curve.points.filter((p) => p.estimate_us !== null);
-      lineChart(jobChart, { xLabel: "trial", yLabel: "µs (estimated)", x: pts.map((p) => p.index), ys: [pts.map((p) => p.estimate_us)], series: [{ label: "estimated latency" }] });
+      const measured = tasks.filter((t) => t.best_latency_us !== null && t.best_latency_us !== undefined).length;
+      const empty = curve.points.length
+        ? `${curve.points.length} trials measured so far; the estimate is drawn once every task has a measured schedule (${measured} of ${tasks.length} tasks have one).`
+        : "No measured trial yet.";
+      lineChart(jobChart, { xLabel: "trial", yLabel: "µs (estimated)", x: pts.map((p) => p.index), ys: [pts.map((p) => p.estimate_us)], series: [{ label: "estimated latency" }], empty });
       jobChart.dataset.trials = String(curve.points.length);
     } catch (err) {
       fill(jobChart, errorBox(err));
@@ -44,7 +49,8 @@ export function tuningCurves(jobId) {
     jobChart,
     taskChart,
     taskSelect: picker.el,
-    setTasks(tasks) {
+    setTasks(next) {
+      tasks = next;
       picker.render(tasks);
       if (selectedTask === null && tasks.length) selectedTask = tasks[0].id;
     },

@@ -23,12 +23,31 @@ export function lineDiff(a, b) {
         : Math.max(lcs[(i + 1) * (m + 1) + j], lcs[i * (m + 1) + j + 1]);
     }
   }
-  const rows = [];
+  const edits = [];
   let i = 0, j = 0;
   while (i < n || j < m) {
-    if (i < n && j < m && x[i] === y[j]) { rows.push([x[i], y[j], "same"]); i++; j++; }
-    else if (j < m && (i === n || lcs[i * (m + 1) + j + 1] >= lcs[(i + 1) * (m + 1) + j])) { rows.push(["", y[j], "add"]); j++; }
-    else { rows.push([x[i], "", "del"]); i++; }
+    if (i < n && j < m && x[i] === y[j]) { edits.push([x[i], y[j], "same"]); i++; j++; }
+    else if (j < m && (i === n || lcs[i * (m + 1) + j + 1] >= lcs[(i + 1) * (m + 1) + j])) { edits.push(["", y[j], "add"]); j++; }
+    else { edits.push([x[i], "", "del"]); i++; }
+  }
+  return pairChanges(edits);
+}
+
+// Side by side, a run of removed lines and the run of added lines next to it share rows (kind "change":
+// left removed, right added), as a replaced line reads in any side-by-side diff; the rest stay alone.
+function pairChanges(edits) {
+  const rows = [];
+  for (let k = 0; k < edits.length;) {
+    if (edits[k][2] === "same") { rows.push(edits[k++]); continue; }
+    const dels = [], adds = [];
+    while (k < edits.length && edits[k][2] !== "same") {
+      if (edits[k][2] === "del") dels.push(edits[k][0]); else adds.push(edits[k][1]);
+      k++;
+    }
+    for (let r = 0; r < Math.max(dels.length, adds.length); r++) {
+      const left = r < dels.length ? dels[r] : "", right = r < adds.length ? adds[r] : "";
+      rows.push([left, right, r < dels.length && r < adds.length ? "change" : r < dels.length ? "del" : "add"]);
+    }
   }
   return rows;
 }
@@ -52,12 +71,23 @@ function diffTable(beforeName, afterName, rows) {
   return h("table", { class: "diff", id: "lowering-diff" },
     h("thead", {}, h("tr", {}, h("th", {}, `before: ${beforeName}`), h("th", {}, `after: ${afterName}`))),
     h("tbody", {}, rows.map(([left, right, kind]) => h("tr", { class: kind },
-      h("td", { class: kind === "del" ? "del" : "" }, left), h("td", { class: kind === "add" ? "add" : "" }, right)))));
+      h("td", { class: kind === "del" || kind === "change" ? "del" : "" }, left),
+      h("td", { class: kind === "add" || kind === "change" ? "add" : "" }, right)))));
 }
 
 function diffCounts(rows) {
-  const added = rows.filter((r) => r[2] === "add").length, removed = rows.filter((r) => r[2] === "del").length;
+  const added = rows.filter((r) => r[2] === "add" || r[2] === "change").length;
+  const removed = rows.filter((r) => r[2] === "del" || r[2] === "change").length;
   return h("p", { class: "hint" }, `${removed} lines removed, ${added} added`);
+}
+
+// The level a reader wants first: the pass that changed the most operators (fusion, layout), not the
+// last pass that changed anything (often one that only renames).
+function mostChanged(levels) {
+  const weight = (lv) => Object.values(lv.delta || {}).reduce((sum, d) => sum + Math.abs(d), 0);
+  const changed = levels.filter((lv) => lv.changed && lv.position > 0);
+  if (!changed.length) return null;
+  return changed.reduce((best, lv) => (weight(lv) >= weight(best) ? lv : best));
 }
 
 export function loweringView(jobId) {
@@ -144,8 +174,8 @@ export function loweringView(jobId) {
       fill(steps, levels.map((level) => h("li", { class: level.changed ? "changed" : "unchanged" },
         h("button", { dataset: { key: `graph:${level.position}` }, onclick: () => open(level.position) }, `${level.position} ${level.name}`),
         h("span", { class: "muted" }, ` ${changeText(level)}`))));
-      const last = [...levels].reverse().find((lv) => lv.changed);
-      if (last) open(last.position);
+      const first = mostChanged(levels);
+      if (first) open(first.position);
     } catch (err) {
       fill(steps, errorBox(err));
     }

@@ -14,6 +14,7 @@ const COLUMNS = [
   ["intensity", "FLOP/B", (k) => k.intensity],
   ["roof_fraction", "Of roof", (k) => k.roof_fraction],
   ["bound", "Bound", (k) => k.bound],
+  ["tuned_best_us", "Tuned best µs / call", (k) => k.tuned_best_us],
   ["onnxruntime_us", "onnxruntime µs", (k) => k.onnxruntime_us],
   ["ratio", "ort / Kiln", (k) => ratio(k)],
 ];
@@ -107,6 +108,7 @@ export function profileView(jobId) {
   const hover = h("p", { id: "roofline-hover", class: "muted" }, "Point at a kernel to name it.");
   const table = h("div", { id: "profile-table-wrap" });
   const totals = h("p", { id: "profile-totals" });
+  const disturbed = h("div", { id: "profile-disturbed" });
   let profile = null;
   let sortKey = "total_us";
   let descending = true;
@@ -147,6 +149,11 @@ export function profileView(jobId) {
       ? ` onnxruntime: ${profile.onnxruntime_total_us.toFixed(1)} µs per run by its own profiler${profile.onnxruntime_latency_ms ? ` (${(profile.onnxruntime_latency_ms * 1e3).toFixed(1)} µs unprofiled: its profiler adds a cost per node)` : ""}, ${profile.onnxruntime_unmatched_us.toFixed(1)} µs of it in nodes no Kiln kernel matched; ort / Kiln above 1: Kiln's kernel is faster.`
       : ` onnxruntime: ${profile.onnxruntime_note}`;
     fill(totals, `Profiled total ${profile.total_us.toFixed(1)} µs over ${profile.kernels.length} rows (${profile.runs} runs)${beside}${measured}.${ort}`);
+    // Figures that disagree are shown as measured, under a plain statement that they were disturbed.
+    fill(disturbed, profile.disturbed
+      ? h("div", { class: "error", role: "alert" }, h("div", { class: "kind" }, "These figures were disturbed: the machine was busy while profiling"),
+        h("ul", {}, profile.warnings.map((w) => h("li", {}, w))))
+      : null);
     renderTable();
   }
 
@@ -155,7 +162,7 @@ export function profileView(jobId) {
       h("h2", {}, "Profile of the tuned model"),
       machine, chart, hover,
       h("p", { class: "hint" }, "Each kernel timed in place in a run of the model; bytes are its arguments, each read or written once. A point above the bandwidth line moved its data from the caches, faster than memory; one far below both roofs is neither compute- nor bandwidth-bound: the schedule leaves speed on the table. Click a column to sort."),
-      totals, table),
+      disturbed, totals, table),
     show,
   };
 }

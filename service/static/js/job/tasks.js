@@ -36,7 +36,8 @@ export function taskTable() {
       onclick: () => { sort = { key: k, desc: sort.key === k ? !sort.desc : num }; render(); },
     }, label));
     fill(el, h("table", {}, h("thead", {}, h("tr", {}, header)),
-      h("tbody", {}, sorted(tasks, sort).map((t) => h("tr", { dataset: { task: t.id } }, COLUMNS.map(([, , get, num]) => h("td", { class: num ? "num" : "" }, get(t))))))));
+      h("tbody", {}, sorted(tasks, sort).map((t) => h("tr", { dataset: { task: t.id } }, COLUMNS.map(([k, , get, num]) =>
+        k === "name" ? h("td", { class: "name", title: t.name }, get(t)) : h("td", { class: num ? "num" : "" }, get(t))))))));
   }
   return { el, render };
 }
