@@ -337,7 +337,9 @@ def test_a_failed_job_says_why_in_one_sentence_without_server_paths(
 
     body = client.get(f"/api/v1/jobs/{job['id']}").json()
     assert body["status"] == "failed"
-    assert body["error"].startswith("the stored file of model 'mlp' is missing from the server's data directory")
+    assert body["error"].startswith(
+        "the stored file of model 'mlp' is missing from the server's data directory"
+    )
     assert "\n" not in body["error"] and str(api_settings.data_dir) not in body["error"]
     listed = client.get("/api/v1/jobs").json()["items"]
     assert [j["error"] for j in listed if j["id"] == job["id"]] == [body["error"]]

@@ -243,7 +243,11 @@ def test_upload_tune_watch_inspect_download(
     failed_row.locator(".badge[data-status=failed]").wait_for(timeout=120_000)
     reason = failed_row.locator(".reason").inner_text()
     assert reason == httpx.get(f"{url}/api/v1/jobs/{failed['id']}").json()["error"]
-    assert "the stored file of model 'other' is missing" in reason and "Traceback" not in reason and str(data_dir) not in reason
+    assert (
+        "the stored file of model 'other' is missing" in reason
+        and "Traceback" not in reason
+        and str(data_dir) not in reason
+    )
     assert _overflow(page, "#jobs-table") <= 0
     page.screenshot(path=str(OUTPUT / "jobs-list.png"), full_page=True)
 
