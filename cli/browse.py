@@ -63,8 +63,9 @@ def status(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
     if job.error:
         console.print(f"[red]error:[/] {job.error}")
     print_tuning_time(job)
-    console.print(task_table(store.list_tasks(job.id), "tasks"))
-    print_outcome(job)
+    tasks = store.list_tasks(job.id)
+    console.print(task_table(tasks, "tasks"))
+    print_outcome(job, tasks)
     print_latency_report(job.latency_report)
     print_accuracy(job.accuracy)
 
@@ -124,7 +125,7 @@ def profile(
     bytes moved, its place under this machine's roofline, and onnxruntime's matched nodes beside it."""
     if sort not in _PROFILE_ORDER:
         raise typer.BadParameter(f"--sort must be one of {', '.join(_PROFILE_ORDER)}, not {sort!r}")
-    from tuner.inspection import job_profile
+    from tuner.profile_check import job_profile
 
     store = open_store()
     job = store.get_job(job_id)

@@ -23,6 +23,7 @@ from tuner.entities import (
     MachineLimits,
     ModelProfile,
     Task,
+    trials_shortfall,
 )
 
 if TYPE_CHECKING:
@@ -336,13 +337,26 @@ def print_tuning_time(job: Job) -> None:
         console.print(f"{tuning_time_line(elapsed, job.tuning_remaining_s(now))}{of}", highlight=False)
 
 
-def print_outcome(job: Job) -> None:
-    """The untuned and tuned latency of a finished job, when it has both."""
-    if job.baseline_latency_ms is not None and job.tuned_latency_ms is not None:
-        console.print(
-            f"untuned TVM {job.baseline_latency_ms:.3f} ms -> tuned {job.tuned_latency_ms:.3f} ms: "
-            f"[bold green]{job.speedup:.1f}x faster[/]"
-        )
+def print_outcome(job: Job, tasks: list[Task] | None = None) -> None:
+    """A finished job's tuned latency against the peer it measured (onnxruntime), then untuned TVM; and why
+    it measured fewer trials than asked, if it did."""
+    if tasks is not None:
+        note = trials_shortfall(job, tasks)
+        if note:
+            console.print(f"note: {note}", highlight=False)
+    if job.tuned_latency_ms is None:
+        return
+    against = []
+    if job.peer is not None and job.peer_speedup:
+        ms = job.reference_latency_ms[job.peer]
+        against.append(f"{_versus(job.peer_speedup)} {job.peer} ({ms:.3f} ms)")
+    if job.speedup:
+        against.append(f"{_versus(job.speedup)} untuned TVM ({job.baseline_latency_ms:.3f} ms)")
+    console.print(f"Kiln tuned {job.tuned_latency_ms:.3f} ms: [bold]{'; '.join(against)}[/]", highlight=False)
+
+
+def _versus(ratio: float) -> str:
+    return f"{ratio:.2f}x faster than" if ratio >= 1 else f"{1 / ratio:.2f}x slower than"
 
 
 def _kib(n: int | None) -> str:

@@ -138,11 +138,7 @@ def tune(
         result = run_job(store, settings, job.id, listener=listener)
     console.print(task_table(result.tasks, "tasks"))
     print_tuning_time(result.job)
-    print_outcome(result.job)
-    for peer, ms in result.latency.references_ms.items():
-        if result.job.tuned_latency_ms:
-            ratio = ms / result.job.tuned_latency_ms
-            console.print(f"{peer} {ms:.3f} ms (Kiln is {ratio:.2f}x as fast)")
+    print_outcome(result.job, result.tasks)
     print_latency_report(result.latency.report)
     print_accuracy(result.job.accuracy)
     if result.artifact is not None:

@@ -348,6 +348,9 @@ class JobOut(EntityOut):
         description="The peer's latency over the tuned model's: > 1 when Kiln's artifact is faster"
     )
     error: str | None = Field(description="Why a job failed or was cancelled, in one sentence")
+    trials_note: str | None = Field(
+        default=None, description="Why a finished job measured fewer trials than it asked for"
+    )
     cancel_requested: bool
     created_at: datetime
     started_at: datetime | None

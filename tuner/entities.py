@@ -680,6 +680,25 @@ class Job:
         return self.reference_latency_ms[peer] / self.tuned_latency_ms
 
 
+def trials_shortfall(job: Job, tasks: list[Task]) -> str | None:
+    """Why a finished job measured fewer trials than it asked for (None: it did not, or it is not finished):
+    its time budget ended, or the search had no new candidate left for tasks whose schedule spaces are
+    smaller than their share of the trials (a transpose has a handful of schedules, not dozens)."""
+    asked = job.spec.trials
+    done = sum(t.trials for t in tasks)
+    if job.status is not JobStatus.SUCCEEDED or asked is None or done >= asked:
+        return None
+    budget = job.spec.time_budget_s
+    if budget is not None and job.tuning_s >= budget - 1.0:
+        return f"{done} of the {asked} trials were measured: the {budget:g} s time budget ended first"
+    fewest = sorted(tasks, key=lambda t: (t.trials, t.name))[:3]
+    names = ", ".join(f"{t.name}: {t.trials}" for t in fewest)
+    return (
+        f"{done} of the {asked} trials were measured: the search had no new candidate left to measure for "
+        f"tasks whose schedule spaces are smaller than their share of the trials (fewest trials: {names})"
+    )
+
+
 @dataclass(frozen=True)
 class Task:
     """One task of a job, with its tuning progress."""

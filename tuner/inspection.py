@@ -23,7 +23,6 @@ from tuner.entities import (
     Job,
     ModelInfo,
     ModelPlan,
-    ModelProfile,
     PlanError,
     Task,
     TaskInfo,
@@ -31,7 +30,6 @@ from tuner.entities import (
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
 from tuner.job import measuring_caches
 from tuner.models import model_file
-from tuner.profile_check import ProfileCheck, check_profile
 from tuner.sandbox import Cancelled, ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
@@ -395,21 +393,3 @@ __all__ = [
     "task_tir",
     "time_shares",
 ]
-
-
-def job_profile(store: Store, job: Job) -> tuple[ModelProfile, ProfileCheck]:
-    """A job's profile, and whether its figures agree with each other and with each kernel's tuned best."""
-    profile = store.get_job_profile(job.id)
-    return profile, check_profile(profile, kernel_bests(profile, store.list_tasks(job.id)))
-
-
-def kernel_bests(profile: ModelProfile, tasks: list[Task]) -> dict[str, float]:
-    """Each profiled kernel's tuned best per call (µs), from its task: the kernel of a task, or the per-inference
-    half (``_prepacked``) of one whose weights are laid out at load time."""
-    bests = {t.name: t.best_latency_us for t in tasks if t.best_latency_us}
-    found = {}
-    for kernel in profile.kernels:
-        name = kernel.name.removesuffix("_prepacked")
-        if name in bests:
-            found[kernel.name] = bests[name]
-    return found

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from tuner.entities import ModelProfile
+from tuner.entities import Job, ModelProfile, Task
+
+if TYPE_CHECKING:
+    from tuner.store.sql import Store
 
 #: The kernels may add up to a little more than the run (each timed alone, with its inputs in cache, and
 #: the run's own median varies): beyond this share of it, they were disturbed.
@@ -75,3 +79,21 @@ def check_profile(profile: ModelProfile, tuned_best_us: Mapping[str, float]) -> 
             f"{slow[name]:.1f}×); comparisons with onnxruntime kernel by kernel lean against Kiln by as much."
         )
     return ProfileCheck(warnings, {k.name: bests[k.name] for k in profile.kernels if k.name in bests}, slow)
+
+
+def job_profile(store: Store, job: Job) -> tuple[ModelProfile, ProfileCheck]:
+    """A job's profile, and whether its figures agree with each other and with each kernel's tuned best."""
+    profile = store.get_job_profile(job.id)
+    return profile, check_profile(profile, kernel_bests(profile, store.list_tasks(job.id)))
+
+
+def kernel_bests(profile: ModelProfile, tasks: list[Task]) -> dict[str, float]:
+    """Each profiled kernel's tuned best per call (µs), from its task: the kernel of a task, or the per-inference
+    half (``_prepacked``) of one whose weights are laid out at load time."""
+    bests = {t.name: t.best_latency_us for t in tasks if t.best_latency_us}
+    found = {}
+    for kernel in profile.kernels:
+        name = kernel.name.removesuffix("_prepacked")
+        if name in bests:
+            found[kernel.name] = bests[name]
+    return found

@@ -36,11 +36,21 @@ from service.schemas import (
 )
 from tuner import inspection
 from tuner.artifact import records_tarball
-from tuner.entities import Job, JobSpec, JobStatus, ModelPlan, RunnerSpec, Task, trial_budget
+from tuner.entities import (
+    Job,
+    JobSpec,
+    JobStatus,
+    ModelPlan,
+    RunnerSpec,
+    Task,
+    trial_budget,
+    trials_shortfall,
+)
 from tuner.errors import Conflict, NotFound
 from tuner.inspection import best_schedule, plan_model, task_tir
 from tuner.job import submit_job
 from tuner.models import artifact_file_name
+from tuner.profile_check import job_profile as profile_of_job
 from tuner.store.sql import Store
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -54,7 +64,11 @@ def job_out(store: Store, job: Job, model_names: dict[str, str] | None = None) -
     names = model_names if model_names is not None else {}
     if job.spec.model_id not in names:
         names[job.spec.model_id] = store.get_model(job.spec.model_id).name
-    return JobOut.of(job, store.job_progress(job.id), names[job.spec.model_id])
+    progress = store.job_progress(job.id)
+    out = JobOut.of(job, progress, names[job.spec.model_id])
+    if job.status is JobStatus.SUCCEEDED and job.spec.trials and progress["trials_done"] < job.spec.trials:
+        out.trials_note = trials_shortfall(job, store.list_tasks(job.id))
+    return out
 
 
 def _task(store: Store, job: Job, task_id: int) -> Task:
@@ -248,7 +262,7 @@ def task_asm(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> Ker
 )
 def job_profile(job_id: str, state: StateDep, owner: OwnerDep) -> ProfileOut:
     job = state.store.get_job(job_id, owner)
-    return ProfileOut.of(job.id, *inspection.job_profile(state.store, job))
+    return ProfileOut.of(job.id, *profile_of_job(state.store, job))
 
 
 def _snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:

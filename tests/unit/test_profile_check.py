@@ -4,8 +4,7 @@ flagged with the numbers that disagree."""
 from __future__ import annotations
 
 from tuner.entities import KernelProfile, ModelProfile, Task
-from tuner.inspection import kernel_bests
-from tuner.profile_check import check_profile
+from tuner.profile_check import check_profile, kernel_bests
 
 
 def _profile(conv_us: float, dense_us: float, run_us: float, latency_ms: float) -> ModelProfile:
@@ -53,3 +52,25 @@ def test_a_kernel_without_a_tuned_best_is_not_compared() -> None:
     profile = _profile(conv_us=44.0, dense_us=30.0, run_us=80.0, latency_ms=0.08)
     check = check_profile(profile, kernel_bests(profile, [_task("fused_matmul_add", None)]))
     assert check.warnings == [] and check.tuned_best_us == {}
+
+
+def test_a_job_that_measured_fewer_trials_than_asked_says_why() -> None:
+    from datetime import datetime, timezone
+
+    from tuner.entities import Job, JobSpec, JobStatus, trials_shortfall
+
+    def job(trials: int, budget: float | None, tuning_s: float) -> Job:
+        spec = JobSpec(model_id="m", target={"kind": "llvm"}, trials=trials, time_budget_s=budget)
+        now = datetime.now(timezone.utc)
+        return Job("j", spec, "llvm", JobStatus.SUCCEEDED, now, tuning_s=tuning_s)
+
+    tasks = [_task("fused_conv2d", 30.0), _task("transpose1", 1.0), _task("mean1", 1.0)]
+    tasks = [
+        Task(t.id, t.job_id, t.workload_id, t.name, t.weight, t.flops, t.workload_hash, trials=n)
+        for t, n in zip(tasks, (16, 2, 7), strict=True)
+    ]
+    note = trials_shortfall(job(32, None, 20.0), tasks)
+    assert note is not None and note.startswith("25 of the 32 trials were measured: the search had no new")
+    assert note.endswith("(fewest trials: transpose1: 2, mean1: 7, fused_conv2d: 16)")
+    assert "time budget ended" in (trials_shortfall(job(64, 30.0, 30.0), tasks) or "")
+    assert trials_shortfall(job(25, None, 20.0), tasks) is None

@@ -92,7 +92,7 @@ def import_jax() -> Any:
         from jaxlib.mlir.dialects import chlo, stablehlo  # noqa: F401
     except ImportError:
         raise MissingDependency(
-            f"importing JAX programs needs JAX: pip install 'kiln[jax]' ({JAX_PIN})"
+            f"importing JAX programs needs JAX: pip install 'kiln-autotune[jax]' ({JAX_PIN})"
         ) from None
     import jaxlib.mlir
 
@@ -125,7 +125,7 @@ def mlir_of_exported(data: bytes, model_name: str) -> str:
         from jax import export
     except ImportError:
         raise MissingDependency(
-            f"reading .jax files needs JAX: pip install 'kiln[jax]' ({JAX_PIN})"
+            f"reading .jax files needs JAX: pip install 'kiln-autotune[jax]' ({JAX_PIN})"
         ) from None
     try:
         exported = export.deserialize(bytearray(data))

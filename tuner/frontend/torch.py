@@ -40,7 +40,7 @@ def import_torch() -> ModuleType:
         import torch
     except ImportError:
         raise MissingDependency(
-            f"loading .pt2 programs needs PyTorch: pip install 'kiln[torch]' ({TORCH_PIN})"
+            f"loading .pt2 programs needs PyTorch: pip install 'kiln-autotune[torch]' ({TORCH_PIN})"
         ) from None
     except OSError as err:  # a broken install (missing shared libraries)
         raise MissingDependency(

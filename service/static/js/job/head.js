@@ -37,6 +37,7 @@ export function jobHead() {
         stat("vs untuned TVM", job.speedup ? `${job.speedup.toFixed(1)}×` : "–"),
         stat("worker", job.worker || "–")),
       job.error ? errorBox({ kind: job.status, message: job.error }) : null,
+      job.trials_note ? h("p", { class: "notice", id: "trials-note" }, job.trials_note) : null,
       actions);
   }
   return { el, render, fail: (err) => fill(el, errorBox(err)) };
