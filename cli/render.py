@@ -267,13 +267,13 @@ class RichListener:
 
     def stage(self, name: str) -> None:
         if name != "tuning":
-            console.log(name)
+            _log(name)
 
     def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
-        console.log(fusion_line(fusion))
+        _log(fusion_line(fusion))
         warm = sum(1 for t in tasks if t.best_latency_us is not None)
         if warm:
-            console.log(f"{warm}/{len(tasks)} tasks start warm from records of earlier runs on this target")
+            _log(f"{warm}/{len(tasks)} tasks start warm from records of earlier runs on this target")
         self.trials_total = trials_total
 
     def tuning(self, clock: TuningClock) -> None:
@@ -287,6 +287,15 @@ class RichListener:
             detail = f"{task.name[:40]}: best {fmt(task.best_latency_us)} µs"
             done = min(trials_done, trials_total) if trials_total else trials_done
             self.progress.update(self.bar, completed=done, detail=detail)
+
+
+def _log(message: str) -> None:
+    """A timestamped progress line: rich's log on a terminal; a plain line elsewhere (rich pads a log line
+    to the console's width)."""
+    if console.is_terminal:
+        console.log(message)
+    else:
+        console.print(f"[{datetime.now().strftime('%H:%M:%S')}] {message}", highlight=False, markup=False)
 
 
 def print_latency_report(report: LatencyReport | None) -> None:

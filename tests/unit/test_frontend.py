@@ -485,7 +485,9 @@ def test_bad_input_shape_values(tmp_path: Path) -> None:
 def test_missing_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
     path = fake_pt2(tmp_path / "m.pt2")
-    expected = r"loading \.pt2 programs needs PyTorch: pip install 'kiln\[torch\]' \(torch==2\.13\.0\)"
+    expected = (
+        r"loading \.pt2 programs needs PyTorch: pip install 'kiln-autotune\[torch\]' \(torch==2\.13\.0\)"
+    )
     with pytest.raises(MissingDependency, match=expected):
         load_model(path)
     with pytest.raises(MissingDependency, match=expected):

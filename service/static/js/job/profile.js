@@ -83,6 +83,7 @@ export function rooflineChart(container, hover, limits, kernels) {
     width: Math.max(360, container.clientWidth || 640),
     height: 320,
     scales: { x: { time: false, distr: 3 }, y: { distr: 3, range: [minY, limits.peak_gflops * 2] } },
+    legend: { live: false },  // the series' names; a kernel under the cursor is named in the line below
     axes: [{ label: "arithmetic intensity (FLOP / byte)" }, { label: "GFLOP/s", size: 70 }],
     series: [
       { label: "FLOP/B", value: (u, v) => (v === null ? "–" : v.toFixed(2)) },
