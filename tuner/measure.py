@@ -76,7 +76,12 @@ def _onnxruntime_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
 
 
 def _child(kind: str, *args: str) -> None:
-    print(json.dumps(_child_result(kind, *args)))
+    result = _child_result(kind, *args)
+    # The CPU time of this process, all its threads (a forked child's count starts at zero): the fork server,
+    # not the caller, is its parent, so the caller cannot count it as its own any other way.
+    times = os.times()
+    result["cpu_s"] = times.user + times.system
+    print(json.dumps(result))
 
 
 def _child_result(kind: str, *args: str) -> dict[str, Any]:
@@ -128,12 +133,15 @@ def run_child(request: list[str], timeout_s: float = 600) -> dict[str, Any]:
     return dict(json.loads(stdout.strip().splitlines()[-1]))
 
 
-def _time_in_child(kind: str, path: Path, npz: Path, timeout_s: float, budget_s: float) -> float:
+def _time_in_child(
+    kind: str, path: Path, npz: Path, timeout_s: float, budget_s: float
+) -> tuple[float, float]:
+    """The median call in ms, and the CPU seconds the child used."""
     try:
         result = run_child([kind, str(path), str(npz), str(budget_s)], timeout_s)
     except RuntimeError as exc:
         raise RuntimeError(f"timing {exc}") from None
-    return float(result["median_ms"])
+    return float(result["median_ms"]), float(result.get("cpu_s", 0.0))
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:
@@ -159,14 +167,17 @@ def interleaved_timings(
     measured: dict[str, list[float]] = {name: [] for name in contenders}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     sampler = OtherCpuSampler()
+    children_cpu_s = 0.0
     with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
         npz = Path(tmp) / "inputs.npz"
         np.savez(npz, **{f"arg{i}": x for i, x in enumerate(inputs)})
         for order in round_orders(list(contenders), rounds):
             for name in order:
                 kind, path = contenders[name]
-                measured[name].append(_time_in_child(kind, path, npz, timeout_s, budget_s))
-    other = sampler.share()
+                median_ms, cpu_s = _time_in_child(kind, path, npz, timeout_s, budget_s)
+                measured[name].append(median_ms)
+                children_cpu_s += cpu_s
+    other = sampler.share(children_cpu_s)
     timings = {name: Timing(tuple(values)) for name, values in measured.items()}
     return LatencyReport(
         timings=timings, warnings=busy_warnings(timings, other), other_cpu_share=other, load_average=load
@@ -193,14 +204,17 @@ def busy_warnings(timings: Mapping[str, Timing], other_cpu_share: float | None) 
 class OtherCpuSampler:
     """How much of all CPUs processes other than this one and its children used since it was made.
 
-    Reads the machine's busy time from ``/proc/stat`` and subtracts this process's own CPU time and that
-    of its finished children; None where ``/proc/stat`` cannot be read (not Linux).
+    Reads the machine's busy time from ``/proc/stat`` and subtracts this process's own CPU time, that of
+    its finished children, and what the caller says its other helpers used (the timing children are the
+    fork server's, not this process's); None where ``/proc/stat`` cannot be read (not Linux).
     """
 
     def __init__(self) -> None:
         self._start = (time.monotonic(), _machine_busy_s(), _own_cpu_s())
 
-    def share(self) -> float | None:
+    def share(self, helpers_cpu_s: float = 0.0) -> float | None:
+        """The share of all CPUs used by others, ``helpers_cpu_s`` (CPU seconds of this process's helpers
+        that are not its children) not counted."""
         wall0, busy0, own0 = self._start
         busy1 = _machine_busy_s()
         if busy0 is None or busy1 is None:
@@ -209,7 +223,7 @@ class OtherCpuSampler:
         cpus = os.cpu_count() or 1
         if wall <= 0:
             return 0.0
-        other = (busy1 - busy0) - (_own_cpu_s() - own0)
+        other = (busy1 - busy0) - (_own_cpu_s() - own0) - helpers_cpu_s
         return min(1.0, max(0.0, other / (wall * cpus)))
 
 

@@ -275,24 +275,38 @@ def test_cli_devices_prints_the_registered_keys(
     assert "device_unavailable" in down.stderr and "Traceback" not in down.stderr
 
 
-def test_cli_server_registers_and_stops_on_sigterm(tracker: RPCProcess, tmp_path: Path) -> None:
-    key = "kiln-cli"
-    proc = subprocess.Popen(
-        _kiln("rpc", "server", "--tracker", tracker.address, "--key", key, "--port", "0", tmp_path=tmp_path),
+def _cli_server(tracker: str, key: str, tmp_path: Path) -> subprocess.Popen[str]:
+    """`kiln rpc server` registering at ``tracker`` under ``key``, on a free port."""
+    return subprocess.Popen(
+        _kiln("rpc", "server", "--tracker", tracker, "--key", key, "--port", "0", tmp_path=tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
         cwd=REPO,
     )
+
+
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM, then what it printed."""
+    proc.send_signal(signal.SIGTERM)
+    return proc.communicate(timeout=30)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_cli_server_registers_and_stops_on_sigterm(tracker: RPCProcess, tmp_path: Path) -> None:
+    key = "kiln-cli"
+    proc = _cli_server(tracker.address, key, tmp_path)
     try:
         assert _queue(tracker.address, key, free=1, wait_s=60.0) is not None, "server never registered"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        out, err = _stop(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _kill(proc)
     assert proc.returncode == 0, err
     assert f"RPC server {key} listening on 127.0.0.1:" in out and "RPC server stopped" in out
     # Its child processes went with it: the tracker dropped the registration.
@@ -304,27 +318,15 @@ def test_cli_server_started_before_its_tracker_waits_for_it(tmp_path: Path) -> N
     registers; one given no time gives up at once with the reason."""
     port = _closed_port()
     key = "kiln-early"
-    proc = subprocess.Popen(
-        _kiln(
-            "rpc", "server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--port", "0", tmp_path=tmp_path
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-    )
+    proc = _cli_server(f"127.0.0.1:{port}", key, tmp_path)
     try:
         time.sleep(4.0)  # longer than it took the old server to give up
         assert proc.poll() is None, proc.communicate()
         with start_tracker("127.0.0.1", port) as late:
             assert _queue(late.address, key, free=1, wait_s=60.0) is not None, "server never registered"
-            proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=30)
+            out, err = _stop(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _kill(proc)
     assert proc.returncode == 0, err
     assert "trying again for up to 60 s" in err and f"registered at tracker 127.0.0.1:{port}" in out
 

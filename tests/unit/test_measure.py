@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
 from tuner.entities import LatencyReport, Timing
@@ -69,3 +71,28 @@ def test_another_process_spinning_shows_as_other_cpu_use() -> None:
     # One process spinning on one of this machine's CPUs.
     cpus = os.cpu_count() or 1
     assert share > 0.6 / cpus, share
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the busy check reads /proc/stat (Linux)")
+def test_the_timing_childrens_own_cpu_is_not_other_processes_use(tmp_path: Path) -> None:
+    """Kiln's timing children are the fork server's, not the caller's: each reports its CPU time, which the
+    busy check then leaves out (it once read every measurement as a busy machine)."""
+    from tuner.measure import run_child
+
+    model = tmp_path / "matmul.onnx"
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1024, 1024])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1024, 1024])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "x"], ["y"])], "g", [x], [y])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), model)
+    npz = tmp_path / "inputs.npz"
+    np.savez(npz, arg0=np.ones((1024, 1024), np.float32))
+
+    run_child(["onnxruntime", str(model), str(npz), "0.1"])  # the fork server is up: only the child is timed
+    sampler = OtherCpuSampler()
+    result = run_child(["onnxruntime", str(model), str(npz), "1.5"])
+    counted, left_out = sampler.share(), sampler.share(result["cpu_s"])
+    assert result["calls"] >= 5 and result["cpu_s"] > 0.5  # 1.5 s of calls, on at least one core
+    assert counted is not None and left_out is not None
+    cpus = os.cpu_count() or 1
+    # Without the child's own time, what it used looks like another process's.
+    assert counted - left_out > 0.3 / cpus, (counted, left_out)
