@@ -77,10 +77,11 @@ def _onnxruntime_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
 
 def _child(kind: str, *args: str) -> None:
     result = _child_result(kind, *args)
-    # The CPU time of this process, all its threads (a forked child's count starts at zero): the fork server,
-    # not the caller, is its parent, so the caller cannot count it as its own any other way.
-    times = os.times()
-    result["cpu_s"] = times.user + times.system
+    if kind in KINDS:
+        # A timing's CPU time, all its threads (a forked child's count starts at zero): the fork server, not
+        # the caller, is its parent, so the caller's busy check cannot count it as its own any other way.
+        times = os.times()
+        result["cpu_s"] = times.user + times.system
     print(json.dumps(result))
 
 
@@ -166,6 +167,8 @@ def interleaved_timings(
     budget_s = BUDGET_S / rounds
     measured: dict[str, list[float]] = {name: [] for name in contenders}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    # Up before the sampler starts: its seconds of loading TVM and onnxruntime, once per process, are Kiln's.
+    shared_fork_server("tuner.measure").start()
     sampler = OtherCpuSampler()
     children_cpu_s = 0.0
     with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
