@@ -61,6 +61,12 @@ def check_profile(profile: ModelProfile, tuned_best_us: Mapping[str, float]) -> 
             f"The run timed while profiling took {run_us:.1f} µs, {run_us / latency_us:.1f}× the "
             f"{latency_us:.1f} µs the job measured: the machine was slower (busier) while profiling."
         )
+    elif run_us and latency_us and latency_us > RUN_OVER_LATENCY * run_us:
+        warnings.append(
+            f"The job measured {latency_us:.1f} µs, {latency_us / run_us:.1f}× the {run_us:.1f} µs run timed "
+            "while profiling: the job's own measurement was slower (see its rounds), so the profile's times "
+            "add up to less than the job's latency."
+        )
     bests = {name: us for name, us in tuned_best_us.items() if us > 0}
     slow: dict[str, float] = {}
     for kernel in profile.kernels:

@@ -167,6 +167,12 @@ def test_an_int8_mlp_tunes_on_amx_tiles_and_plain_tvm_runs_its_artifact(
     model_proto = onnx.load(int8)
     assert np.abs(got - onnxruntime_output(int8, x)).max() <= 1.001 * output_step(model_proto)
 
+    # Its records, tensorized on AMX tiles, read by plain TVM after importing the package it ships.
+    read = read_records_in_fresh_process(Path(result.artifact.path), tmp_path, register=True)
+    assert read.returncode == 0, read.stderr
+    records = json.loads(read.stdout)
+    assert records["kiln_modules"] == [] and any("kiln_amx_u8s8s32_" in t for t in records["traces"])
+
 
 def test_a_model_quantized_by_onnxruntime_reports_top1_agreement_with_its_float_model(
     sqlite_store: Store, tmp_path: Path

@@ -48,6 +48,13 @@ def test_a_busy_machines_profile_says_what_disagrees_and_by_how_much() -> None:
     assert check.slow_kernels["fused_matmul_add"] == 10.7 / 3.0
 
 
+def test_a_job_latency_far_above_the_profiled_run_is_said_too() -> None:
+    # The README's CNN: rounds of 54 and 105 µs in the job's measurement, a 54 µs run while profiling.
+    profile = _profile(conv_us=44.0, dense_us=3.1, run_us=54.0, latency_ms=0.1054)
+    (warning,) = check_profile(profile, kernel_bests(profile, TASKS)).warnings
+    assert warning.startswith("The job measured 105.4 µs, 2.0× the 54.0 µs run timed while profiling")
+
+
 def test_a_kernel_without_a_tuned_best_is_not_compared() -> None:
     profile = _profile(conv_us=44.0, dense_us=30.0, run_us=80.0, latency_ms=0.08)
     check = check_profile(profile, kernel_bests(profile, [_task("fused_matmul_add", None)]))
