@@ -152,7 +152,7 @@ export function profileView(jobId) {
     fill(totals, `Profiled total ${profile.total_us.toFixed(1)} µs over ${profile.kernels.length} rows (${profile.runs} runs)${beside}${measured}.${ort}`);
     // Figures that disagree are shown as measured, under a plain statement that they were disturbed.
     fill(disturbed, profile.disturbed
-      ? h("div", { class: "error", role: "alert" }, h("div", { class: "kind" }, "These figures were disturbed: the machine was busy while profiling"),
+      ? h("div", { class: "error", role: "alert" }, h("div", { class: "kind" }, "These figures disagree with each other: a measurement was disturbed"),
         h("ul", {}, profile.warnings.map((w) => h("li", {}, w))))
       : null);
     renderTable();
