@@ -76,7 +76,9 @@ def create_app(
     )
     app.state.kiln = state
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_mb << 20)
+    app.add_middleware(
+        BodySizeLimit, upload_bytes=settings.max_upload_mb << 20, json_bytes=settings.max_json_kb << 10
+    )
     app.add_middleware(AuthGate, auth=auth)  # outermost: no body is read for an unauthenticated request
     for router in (models.router, jobs.router, devices.router, system.router):
         app.include_router(router)

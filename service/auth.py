@@ -70,15 +70,25 @@ class Authenticator:
         return name
 
 
+#: What a token guards: the API, and the metrics (their counts cover every user's jobs). /healthz, the
+#: dashboard's files and /docs stay open.
+GUARDED_PREFIXES = ("/api/", "/metrics")
+
+
 class AuthGate:
-    """ASGI middleware: answer 401 to an ``/api`` request without a valid token before reading its body."""
+    """ASGI middleware: answer 401 to an ``/api`` (or ``/metrics``) request without a valid token before
+    reading its body."""
 
     def __init__(self, app: ASGIApp, auth: Authenticator) -> None:
         self.app = app
         self.auth = auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.auth.required or not scope["path"].startswith("/api/"):
+        if (
+            scope["type"] != "http"
+            or not self.auth.required
+            or not scope["path"].startswith(GUARDED_PREFIXES)
+        ):
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers") or []).get(b"authorization")

@@ -67,12 +67,15 @@ def error_response(kind: str, message: str, status: int) -> JSONResponse:
     return JSONResponse(error_body(kind, message), status_code=status, headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def _validation_message(exc: RequestValidationError, most: int = 5) -> str:
+    """The first few problems, each cut short: a message never grows with what the client sent."""
+    errors = exc.errors()
     parts = []
-    for err in exc.errors():
+    for err in errors[:most]:
         where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
-        parts.append(f"{where or 'request'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
+        parts.append(f"{where[:100] or 'request'}: {str(err.get('msg', 'invalid'))[:200]}")
+    more = f"; and {len(errors) - most} more" if len(errors) > most else ""
+    return ("; ".join(parts) or "invalid request") + more
 
 
 def install_error_handlers(app: FastAPI) -> None:

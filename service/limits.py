@@ -1,4 +1,9 @@
-"""Request body limit: an oversized upload is answered 413 without reading it into memory."""
+"""Request body limits: an oversized body is answered 413 without reading it into memory.
+
+A model upload may be large (``KILN_MAX_UPLOAD_MB``); every other body is JSON a few hundred bytes long, and
+parsing one into Python objects costs ~50x its size (a 50 MB job body once took the server from 0.6 to
+3 GB), so everything but an upload is held to ``KILN_MAX_JSON_KB``.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +13,37 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import error_response
 
+#: The one route that takes a large body: POST a model file.
+UPLOAD_PATH = "/api/v1/models"
+
 
 class BodySizeLimit:
-    """ASGI middleware: refuse bodies over ``max_bytes`` (declared or actually streamed) with 413."""
+    """ASGI middleware: refuse bodies over the request's limit (declared or actually streamed) with 413:
+    ``upload_bytes`` for a model upload, ``json_bytes`` for any other request."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, upload_bytes: int, json_bytes: int) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.upload_bytes = upload_bytes
+        self.json_bytes = json_bytes
 
-    def _too_large(self) -> Any:
-        mib = self.max_bytes / (1 << 20)
+    def _limit(self, scope: Scope) -> tuple[int, str]:
+        if scope.get("method") == "POST" and scope.get("path", "").rstrip("/") == UPLOAD_PATH:
+            return self.upload_bytes, f"{self.upload_bytes / (1 << 20):g} MiB for a model; KILN_MAX_UPLOAD_MB"
+        return self.json_bytes, f"{self.json_bytes / 1024:g} KiB for this request; KILN_MAX_JSON_KB"
+
+    def _too_large(self, what: str) -> Any:
         return error_response(
-            "payload_too_large",
-            f"the request body is larger than this server accepts ({mib:g} MiB; KILN_MAX_UPLOAD_MB)",
-            413,
+            "payload_too_large", f"the request body is larger than this server accepts ({what})", 413
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes, what = self._limit(scope)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large()(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            await self._too_large(what)(scope, receive, send)
             return
 
         received = 0
@@ -44,7 +57,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > max_bytes:
                     # Stop reading; whatever the app answers to the cut-off body is replaced below.
                     exceeded = True
                     return {"type": "http.disconnect"}
@@ -57,7 +70,7 @@ class BodySizeLimit:
                 return
             if not replied:
                 replied = True
-                await self._too_large()(scope, receive, send)
+                await self._too_large(what)(scope, receive, send)
 
         try:
             await self.app(scope, limited_receive, guarded_send)
@@ -66,4 +79,4 @@ class BodySizeLimit:
                 raise
             if not replied:
                 replied = True
-                await self._too_large()(scope, receive, send)
+                await self._too_large(what)(scope, receive, send)

@@ -7,10 +7,11 @@ given by hand.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 from tuner.entities import (
     DEFAULT_TRIALS,
@@ -31,6 +32,10 @@ from tuner.inspection import time_shares
 from tuner.profile_check import ProfileCheck
 
 MAX_TIME_BUDGET_S = 7 * 24 * 3600  # a week: a longer budget is a typo
+# Sizes no real request comes near, so that nothing a client sends is built or echoed at any size.
+MAX_INPUTS = 256
+MAX_RANK = 16
+MAX_TARGET_KEYS = 32
 
 
 class ErrorDetail(BaseModel):
@@ -234,9 +239,27 @@ class JobIn(BaseModel):
         "accuracy report adds the share of rows whose arg-max (top-1) agrees with it",
     )
     seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
-    input_shapes: dict[str, list[Annotated[StrictInt, Field(ge=1, le=1 << 20)]]] | None = Field(
-        default=None, description="Shapes for inputs with dynamic dimensions, e.g. {'x': [1, 3, 224, 224]}"
+    input_shapes: (
+        dict[
+            Annotated[str, Field(max_length=256)],
+            Annotated[list[Annotated[StrictInt, Field(ge=1, le=1 << 20)]], Field(max_length=MAX_RANK)],
+        ]
+        | None
+    ) = Field(
+        default=None,
+        max_length=MAX_INPUTS,
+        description="Shapes for inputs with dynamic dimensions, e.g. {'x': [1, 3, 224, 224]}",
     )
+
+    @field_validator("target")
+    @classmethod
+    def _bounded_target(cls, target: str | dict[str, Any]) -> str | dict[str, Any]:
+        # Checked for its meaning later (tuner.targets); here only that it is not absurdly large.
+        if isinstance(target, str) and len(target) > 256:
+            raise ValueError("a target name is at most 256 characters; give a target as a JSON object")
+        if isinstance(target, dict) and (len(target) > MAX_TARGET_KEYS or len(json.dumps(target)) > 4096):
+            raise ValueError(f"a target has at most {MAX_TARGET_KEYS} attributes and 4 KiB of JSON")
+        return target
 
 
 class ProgressOut(BaseModel):

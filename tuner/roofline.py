@@ -33,6 +33,10 @@ from tuner.targets import to_tvm_target
 FMA_CHAINS = 12
 #: Smallest array the triad streams, per array: large enough to leave any cache on a small machine.
 MIN_STREAM_BYTES = 64 << 20
+#: Largest, per array (three are allocated): a VM can report its host's whole last-level cache (480 MB was
+#: seen, which made the first job on a host allocate ~6 GB), and 128 MiB already leaves any cache a worker's
+#: cores can use.
+MAX_STREAM_BYTES = 128 << 20
 _REPEATS = 5
 # One repeat of a kernel runs about this long (its iteration count is calibrated to it).
 _REPEAT_S = 0.05
@@ -105,6 +109,11 @@ def last_level_cache_bytes(cache_dir: Path = SYSFS_CACHE_DIR) -> int | None:
     return caches.levels[-1].bytes if caches.known else None
 
 
+def stream_array_bytes(last_level_cache: int | None) -> int:
+    """Bytes of each of the triad's three arrays: 4x the last-level cache, within the bounds above."""
+    return min(MAX_STREAM_BYTES, max(MIN_STREAM_BYTES, 4 * (last_level_cache or 0)))
+
+
 def _best_seconds(func: Any, args: list[Any], repeats: int) -> float:
     """The fastest of ``repeats`` timed calls (after one untimed)."""
     func(*args)
@@ -138,11 +147,11 @@ def measure_bandwidth(
     target: dict[str, Any], threads: int, repeats: int = _REPEATS, array_bytes: int | None = None
 ) -> float:
     """STREAM triad GB/s on ``threads`` threads, over three arrays of ``array_bytes`` each (default: 4x the
-    last-level cache, at least :data:`MIN_STREAM_BYTES`)."""
+    last-level cache, within :data:`MIN_STREAM_BYTES` and :data:`MAX_STREAM_BYTES`)."""
     tvm_target = to_tvm_target(target)
     lanes = fp32_lanes(tvm_target)
     if array_bytes is None:
-        array_bytes = max(MIN_STREAM_BYTES, 4 * (last_level_cache_bytes() or 0))
+        array_bytes = stream_array_bytes(last_level_cache_bytes())
     chunk = threads * lanes
     length = max(chunk, array_bytes // 4 // chunk * chunk)
     lib = tvm.compile(tvm.IRModule({"triad": triad_kernel(length, lanes, threads)}), target=tvm_target)
@@ -161,7 +170,8 @@ def measure_limits(target: dict[str, Any], repeats: int = _REPEATS) -> MachineLi
     how = (
         f"FMA peak: {FMA_CHAINS} independent chains of {lanes}-lane fp32 FMAs per thread on {threads} "
         f"thread(s), best of {repeats}; bandwidth: STREAM triad c = a + 3b over arrays of at least "
-        f"{MIN_STREAM_BYTES >> 20} MiB (4x the last-level cache), 3 arrays counted per pass, best of {repeats}"
+        f"{MIN_STREAM_BYTES >> 20} MiB (4x the last-level cache, at most {MAX_STREAM_BYTES >> 20} MiB), 3 arrays "
+        f"counted per pass, best of {repeats}"
     )
     return MachineLimits(
         peak_gflops=peak_all,

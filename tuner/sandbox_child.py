@@ -156,6 +156,14 @@ def _reply(request: dict[str, Any]) -> dict[str, Any]:
     except BaseException as err:  # noqa: BLE001 - every failure becomes a reply
         if is_out_of_memory(err):
             return {"error": {"kind": "memory", "message": ""}}
+        if isinstance(err, RecursionError):
+            return {
+                "error": {
+                    "kind": InvalidModel.kind,
+                    "message": "the model nests too deeply for Kiln's importers (their recursion limit): "
+                    "flatten its nested subgraphs or functions",
+                }
+            }
         detail = " ".join(str(err).split())[:400] or type(err).__name__
         return {
             "error": {"kind": InvalidModel.kind, "message": f"Kiln could not process this model: {detail}"}

@@ -85,6 +85,11 @@ class Settings(BaseSettings):
         default=1, ge=0, description="Workers inside the server process (0: only standalone `kiln worker`s)"
     )
     max_upload_mb: int = Field(default=512, ge=1, description="Largest model upload accepted, in MiB")
+    max_json_kb: int = Field(
+        default=1024,
+        ge=1,
+        description="Largest body of any other request (JSON: a job, a token...), in KiB; refused before parsing",
+    )
     api_tokens: str | None = Field(
         default=None,
         description="Comma-separated bearer tokens, each `name:token` (or a bare token); enables auth",

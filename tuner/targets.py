@@ -14,8 +14,13 @@ SUPPORTED_KINDS = ("llvm", "cuda")
 #: More cores than any CPU target has: a larger ``num-cores`` is a mistake, not a machine.
 MAX_NUM_CORES = 1024
 # LLVM CPU features that are instruction sets (the others are scheduling hints such as "fast-gather").
+# LLVM's x86 features that enable instructions (not tuning flags such as "fast-15bytenop"): a target asking
+# for one this CPU lacks makes code that dies of SIGILL here, whether it asks through mcpu or mattr.
 _ISA_FEATURE = re.compile(
-    r"^(avx|sse|ssse|amx|fma|f16c|bmi|gfni|vaes|vpclmulqdq|sha|aes|popcnt|lzcnt|adx|movbe|xop|tbm)"
+    r"^(avx|sse|ssse|amx|fma|f16c|bmi|gfni|vaes|vpclmulqdq|sha|aes|popcnt|lzcnt|adx|movbe|xop|tbm|evex512|"
+    r"egpr|ndd|ppx|push2pop2|ccmp|cf$|nf$|zu$|cmpccxadd|sm3|sm4|rdrnd|rdseed|clwb|clflushopt|movdir|"
+    r"serialize|uintr|waitpkg|enqcmd|prefetchi|raoint|hreset|kl$|widekl|usermsr|pku|cx16|xsave|crc32|rtm|"
+    r"fsgsbase|invpcid|prfchw|rdpid|wbnoinvd|shstk|mwaitx|clzero|lwp|3dnow|mmx|pconfig|sgx|ptwrite|tsxldtrk)"
 )
 _UNKNOWN_OPTION = re.compile(r"Unknown config option '([^']+)'\. Known options: ([^.]+)\.")
 # Attributes that change which schedule is best; a record is only reused when they all agree.
@@ -109,15 +114,15 @@ def check_runs_here(target: dict[str, Any]) -> None:
             f"target 'num-cores' is {cores}, but this machine has {os.cpu_count()} logical CPUs for the "
             "local runner to measure on"
         )
-    mcpu = target.get("mcpu")
-    if mcpu and mcpu != tvm.target.codegen.llvm_get_system_cpu():
-        have = _isa_features(host_target())
-        missing = sorted(_isa_features(target) - have)
-        if missing:
-            raise InvalidTarget(
-                f"target CPU '{mcpu}' uses instructions this machine's CPU lacks ({', '.join(missing[:8])}); "
-                f"its code cannot run here: use 'host', or {advice}"
-            )
+    # Every way a target can ask for instructions (mcpu, mattr, anything else LLVM reads) ends up in the
+    # features LLVM derives from the whole target: those are compared, not one attribute.
+    missing = sorted(_isa_features(target) - _isa_features(host_target()))
+    if missing:
+        asked = ", ".join(f"{k} {target[k]!r}" for k in ("mcpu", "mattr") if target.get(k)) or "the target"
+        raise InvalidTarget(
+            f"{asked} asks for instructions this machine's CPU lacks ({', '.join(missing[:8])}); its code "
+            f"cannot run here: use 'host', or {advice}"
+        )
 
 
 def _isa_features(target: dict[str, Any]) -> set[str]:

@@ -33,9 +33,10 @@ def test_every_api_route_needs_a_token_when_tokens_are_configured(api_settings: 
         wrong = client.get("/api/v1/models", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and "not valid" in wrong.json()["error"]["message"]
         assert client.get("/api/v1/models", headers=ALICE).status_code == 200
-        # Monitoring stays open.
+        # Liveness stays open; the metrics count every user's jobs, so they take a token too.
         assert client.get("/healthz").json()["auth"] is True
-        assert client.get("/metrics").status_code == 200
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers=ALICE).status_code == 200
 
 
 def test_other_users_models_and_jobs_are_404(api_settings: Settings, mlp_bytes: bytes) -> None:

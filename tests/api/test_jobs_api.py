@@ -77,6 +77,13 @@ def test_a_job_budget_is_trials_time_or_both(client: TestClient, mlp_model: dict
         ({"target": {"kind": "cuda"}}, "invalid_target"),
         ({"target": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 1}}, "invalid_target"),
         ({"target": {"kind": "llvm", "num-cores": 1, "bogus-key": 1}}, "invalid_target"),
+        # Instructions this CPU lacks asked for through mattr, not mcpu (APX: none of these machines has it).
+        ({"target": {"kind": "llvm", "mattr": ["+egpr", "+ndd"]}}, "invalid_target"),
+        # Sizes no real request comes near.
+        ({"input_shapes": {"x": [1] * 17}}, "invalid_request"),
+        ({"input_shapes": {f"x{i}": [1] for i in range(257)}}, "invalid_request"),
+        ({"target": {f"k{i}": 1 for i in range(33)}}, "invalid_request"),
+        ({"target": "x" * 300}, "invalid_request"),
         # Shapes that contradict the model's static input x [1, 256].
         ({"input_shapes": {"x": [2, 256]}}, "invalid_spec"),
         ({"input_shapes": {"x": [1, 256, 1]}}, "invalid_spec"),
@@ -102,6 +109,12 @@ def test_bad_job_specs_say_why(client: TestClient, mlp_model: dict) -> None:
     assert "'bogus-key' is not known for kind 'llvm'" in message(target={"kind": "llvm", "bogus-key": 1})
     assert "is fixed to 1 by the model, not 2" in message(input_shapes={"x": [2, 256]})
     assert "trials" in message(trials="4")
+    assert "mattr ['+egpr', '+ndd'] asks for instructions this machine's CPU lacks (egpr, ndd)" in message(
+        target={"kind": "llvm", "mattr": ["+egpr", "+ndd"]}
+    )
+    # What the client sent is not echoed back, however much of it there is.
+    assert len(message(input_shapes={"x": [-1] * 2000})) < 200
+    assert len(message(input_shapes={f"x{i}": "bad" for i in range(200)})) < 1000
     assert client.get("/api/v1/jobs").json()["total"] == 0
 
 

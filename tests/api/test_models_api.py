@@ -66,6 +66,26 @@ def test_unsupported_operator_is_422_with_the_operator_named(client: TestClient)
     }
 
 
+@pytest.mark.parametrize("size", [-1, 0])
+def test_a_model_declaring_a_size_below_one_is_refused_at_upload(client: TestClient, size: int) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    response = client.post("/api/v1/models", files={"file": ("neg.onnx", onnx_bytes(model))})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == {
+        "kind": "invalid_model",
+        "message": f"'neg.onnx': input 'x' declares size {size} for axis 0; a dimension is a positive size, "
+        "or a name for one given when a job is submitted (input_shapes): export the model with a named "
+        "(dynamic) dimension there",
+    }
+    assert client.get("/api/v1/models").json() == []
+
+
 def test_dynamic_dimension_needs_input_shapes(client: TestClient) -> None:
     data = onnx_bytes(build_mlp(batch="batch"))
     missing = client.post("/api/v1/models", files={"file": ("dyn.onnx", data)})

@@ -173,3 +173,33 @@ def test_an_unauthenticated_upload_is_refused_from_its_headers(start_server: Cal
         reply = reply.decode(errors="replace")
     assert reply.startswith("HTTP/1.1 401"), reply[:200]
     assert "requires an API token" in reply
+
+
+def test_a_huge_json_body_is_refused_before_it_is_parsed(start_server: Callable[..., str]) -> None:
+    """A job body of 50 MB (25 M integers of input shape) once took the server from 0.6 to 3 GB and stalled
+    /healthz for 7 s: JSON bodies are held to KILN_MAX_JSON_KB, declared or streamed."""
+    url = start_server(KILN_EMBEDDED_WORKERS="0")
+    server = psutil.Process(start_server.processes[url].pid)  # type: ignore[attr-defined]
+    with httpx.Client(base_url=url, timeout=120) as client:
+        model = client.post("/api/v1/models", files={"file": ("mlp.onnx", _onnx(build_mlp()))}).json()
+        small = client.post("/api/v1/jobs", json={"model_id": model["id"], "trials": 4})
+        assert small.status_code == 202, small.text
+        baseline = _rss(server)
+        shape = ",".join(["1"] * 25_000_000)
+        body = f'{{"model_id": "{model["id"]}", "input_shapes": {{"x": [{shape}]}}}}'.encode()
+        assert len(body) > 50_000_000
+        declared = client.post("/api/v1/jobs", content=body, headers={"content-type": "application/json"})
+
+        def chunks():  # no Content-Length: the server counts what it reads and stops
+            for start in range(0, len(body), 1 << 20):
+                yield body[start : start + (1 << 20)]
+
+        streamed = client.post("/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
+        growth = _rss(server) - baseline
+        assert client.get("/healthz").status_code == 200
+    for response in (declared, streamed):
+        assert response.status_code == 413, response.text[:300]
+        error = response.json()["error"]
+        assert error["kind"] == "payload_too_large" and "1024 KiB" in error["message"]
+        assert len(response.content) < 1000  # nothing of the body echoed back
+    assert growth < 50 << 20, growth

@@ -123,3 +123,12 @@ def test_measured_limits_are_positive_and_say_how() -> None:
     assert limits.vector_lanes == LANES and limits.threads == TARGET["num-cores"]
     assert f"{FMA_CHAINS} independent chains" in limits.how
     assert set(limits.as_dict()) >= {"peak_gflops", "bandwidth_gbs", "how"}
+
+
+def test_the_bandwidth_arrays_are_bounded_whatever_cache_the_machine_reports() -> None:
+    from tuner.roofline import MAX_STREAM_BYTES, MIN_STREAM_BYTES, stream_array_bytes
+
+    assert stream_array_bytes(None) == MIN_STREAM_BYTES == 64 << 20
+    assert stream_array_bytes(24 << 20) == 96 << 20  # 4x a real 24 MiB L3
+    # A VM that reports its host's 480 MB as its last-level cache: 3 x 128 MiB, not 3 x 1.9 GB.
+    assert stream_array_bytes(480_000_000) == MAX_STREAM_BYTES == 128 << 20

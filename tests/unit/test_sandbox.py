@@ -110,3 +110,21 @@ def test_a_fork_server_that_died_is_started_again(sandbox: ModelSandbox, tmp_pat
     assert sandbox.run("inspect", _inspect_args(path, tmp_path / "blobs"))["format"] == "onnx"
     (again,) = _fork_servers()
     assert again.pid != server.pid
+
+
+def test_a_model_nested_past_the_recursion_limit_gets_a_typed_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's raw "maximum recursion depth exceeded while calling a Python object" is not a reason."""
+    from tuner import sandbox_child
+
+    def nests_forever(**_args: Any) -> Any:
+        return nests_forever()
+
+    monkeypatch.setitem(sandbox_child.OPS, "inspect", nests_forever)
+    reply = sandbox_child._reply({"op": "inspect", "args": {}})
+    assert reply == {
+        "error": {
+            "kind": "invalid_model",
+            "message": "the model nests too deeply for Kiln's importers (their recursion limit): flatten its "
+            "nested subgraphs or functions",
+        }
+    }

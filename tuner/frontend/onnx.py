@@ -115,6 +115,14 @@ def model_signature(model: onnx.ModelProto, model_name: str) -> ModelSignature:
     graph = model.graph
     initializers = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
     inputs = tuple(_onnx_value_spec(v, model_name) for v in graph.input if v.name not in initializers)
+    for spec in inputs:
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, int) and dim <= 0:
+                raise InvalidModel(
+                    f"'{model_name}': input '{spec.name}' declares size {dim} for axis {axis}; a dimension is a "
+                    "positive size, or a name for one given when a job is submitted (input_shapes): export the "
+                    "model with a named (dynamic) dimension there"
+                )
     outputs = tuple(_onnx_value_spec(v, model_name) for v in graph.output)
     return ModelSignature(inputs=inputs, outputs=outputs)
 
