@@ -14,9 +14,11 @@ from fastapi.staticfiles import StaticFiles
 
 import tuner
 from service.api import devices, jobs, models, system
+from service.api.jobs import job_snapshot
 from service.auth import Authenticator, AuthGate
 from service.deps import ServiceState
 from service.errors import install_error_handlers
+from service.events import EVENT_POLL_S, JobEvents
 from service.limits import BodySizeLimit
 from tuner.models import clean_upload_spools
 from tuner.sandbox import ModelSandbox
@@ -44,7 +46,10 @@ def create_app(
     auth = Authenticator(settings, store)
     log.info("API tokens %s", "required" if auth.required else "not required")
     sandbox = ModelSandbox(settings)
-    state = ServiceState(settings=settings, store=store, auth=auth, sandbox=sandbox)
+    events = JobEvents(
+        lambda job_id: job_snapshot(store, job_id), EVENT_POLL_S, settings.max_streams_per_user
+    )
+    state = ServiceState(settings=settings, store=store, auth=auth, sandbox=sandbox, events=events)
     # Spools of uploads a dead server was importing; newer ones may be another server's, in progress.
     clean_upload_spools(settings, older_than_s=settings.import_timeout_s + 60)
 
@@ -59,6 +64,7 @@ def create_app(
         finally:
             if pool is not None:
                 pool.stop()  # running jobs go back to the queue
+            events.close()
             sandbox.close()
 
     app = FastAPI(

@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth import OWNER_STATE, Authenticator
+from service.events import JobEvents
 from tuner.sandbox import ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
@@ -24,6 +25,7 @@ class ServiceState:
     store: Store
     auth: Authenticator
     sandbox: ModelSandbox  # where uploaded models are imported and planned
+    events: JobEvents  # the open event streams, one database poll per job
 
 
 def get_state(request: Request) -> ServiceState:

@@ -124,6 +124,12 @@ class ModelTooLarge(KilnError):
     kind = "model_too_large"
 
 
+class TooManyRequests(KilnError):
+    """A user holds as many of a bounded resource (open event streams) as the service allows."""
+
+    kind = "too_many_requests"
+
+
 class ImportTimeout(KilnError):
     """Importing or planning a model took longer than its wall-clock or CPU-time limit."""
 

@@ -85,6 +85,9 @@ class Settings(BaseSettings):
         default=1, ge=0, description="Workers inside the server process (0: only standalone `kiln worker`s)"
     )
     max_upload_mb: int = Field(default=512, ge=1, description="Largest model upload accepted, in MiB")
+    max_streams_per_user: int = Field(
+        default=20, ge=1, description="Job event streams (Server-Sent Events) one user may hold open at once"
+    )
     max_json_kb: int = Field(
         default=1024,
         ge=1,

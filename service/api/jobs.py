@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -57,7 +56,6 @@ router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 ERRORS = {401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
 # How often a live event stream looks at the database (workers may run anywhere, so it polls).
-EVENT_POLL_S = 0.5
 
 
 def job_out(store: Store, job: Job, model_names: dict[str, str] | None = None) -> JobOut:
@@ -265,18 +263,14 @@ def job_profile(job_id: str, state: StateDep, owner: OwnerDep) -> ProfileOut:
     return ProfileOut.of(job.id, *profile_of_job(state.store, job))
 
 
-def _snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:
+def job_snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:
+    """What an event carries: the job and its tasks as JSON-ready data, and whether the job has finished."""
     job = store.get_job(job_id)
     data: dict[str, Any] = {
         "job": job_out(store, job).model_dump(mode="json"),
         "tasks": [t.model_dump(mode="json") for t in TaskOut.list_of(store.list_tasks(job_id))],
     }
     return data, job.status.finished
-
-
-def _news(data: dict[str, Any]) -> dict[str, Any]:
-    # A heartbeat alone is not news for the client.
-    return {**data, "job": {k: v for k, v in data["job"].items() if k != "heartbeat_at"}}
 
 
 @router.get(
@@ -286,19 +280,15 @@ def _news(data: dict[str, Any]) -> dict[str, Any]:
 )
 async def job_events(job_id: str, state: StateDep, owner: OwnerDep) -> EventSourceResponse:
     await run_in_threadpool(state.store.get_job, job_id, owner)
+    state.events.check_room(owner)  # 429 before the stream starts
 
     async def stream() -> AsyncIterator[dict[str, str]]:
-        last = None
-        while True:
-            data, finished = await run_in_threadpool(_snapshot, state.store, job_id)
-            if finished:
-                yield {"event": "end", "data": json.dumps(data)}
-                return
-            news = _news(data)
-            if news != last:
-                yield {"event": "progress", "data": json.dumps(data)}
-                last = news
-            await asyncio.sleep(EVENT_POLL_S)
+        async with state.events.subscribe(job_id, owner) as mailbox:
+            while True:
+                event, data = await mailbox.get()
+                yield {"event": event, "data": json.dumps(data)}
+                if event == "end":
+                    return
 
     return EventSourceResponse(stream(), ping=15)
 

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from service.deps import StateDep
 from service.errors import error_response
+from service.events import JobEvents
 from service.schemas import ErrorOut, HealthOut
 from tuner.store.sql import Store
 
@@ -67,6 +68,21 @@ class StoreCollector(Collector):
         )
 
 
+class EventsCollector(Collector):
+    """This server's open job event streams, and the database polls they cost (one per job, not per stream)."""
+
+    def __init__(self, events: JobEvents) -> None:
+        self.events = events
+
+    def collect(self) -> Iterator[object]:
+        yield GaugeMetricFamily(
+            "kiln_event_streams_open", "Job event streams open", self.events.open_streams()
+        )
+        yield CounterMetricFamily(
+            "kiln_event_polls", "Database polls made for job event streams", self.events.polls
+        )
+
+
 @router.get(
     "/metrics",
     response_class=Response,
@@ -76,4 +92,5 @@ class StoreCollector(Collector):
 def metrics(state: StateDep) -> Response:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(state.store))
+    registry.register(EventsCollector(state.events))
     return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -203,3 +203,53 @@ def test_a_huge_json_body_is_refused_before_it_is_parsed(start_server: Callable[
         assert error["kind"] == "payload_too_large" and "1024 KiB" in error["message"]
         assert len(response.content) < 1000  # nothing of the body echoed back
     assert growth < 50 << 20, growth
+
+
+def _metric(text: str, name: str) -> float:
+    line = next(line for line in text.splitlines() if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_two_hundred_event_streams_cost_one_database_poll_per_job(start_server: Callable[..., str]) -> None:
+    """Each stream once polled the database itself through the request pool (200 idle streams: /healthz at
+    p50 1.1 s). Now a job's streams share one poll, and a user may hold only so many open."""
+    import asyncio
+
+    url = start_server(KILN_EMBEDDED_WORKERS="0", KILN_MAX_STREAMS_PER_USER="200")
+    with httpx.Client(base_url=url, timeout=60) as client:
+        model = client.post("/api/v1/models", files={"file": ("mlp.onnx", _onnx(build_mlp()))}).json()
+        job = client.post("/api/v1/jobs", json={"model_id": model["id"], "trials": 4}).json()  # stays queued
+    seen: dict[str, object] = {}
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(
+            base_url=url, timeout=60, limits=httpx.Limits(max_connections=400)
+        ) as http:
+            streams = [http.stream("GET", f"/api/v1/jobs/{job['id']}/events") for _ in range(200)]
+            opened = [await s.__aenter__() for s in streams]
+            try:
+                assert all(r.status_code == 200 for r in opened)
+                lines = [r.aiter_lines() for r in opened]  # held: a dropped iterator closes its stream
+                first = [await anext(it) for it in lines]  # each got the job's state at once
+                assert set(first) == {"event: progress"}
+                before = (await http.get("/metrics")).text
+                await asyncio.sleep(4.0)
+                after = (await http.get("/metrics")).text
+                seen["open"] = _metric(after, "kiln_event_streams_open")
+                seen["polls"] = _metric(after, "kiln_event_polls_total") - _metric(
+                    before, "kiln_event_polls_total"
+                )
+                healthz = await http.get("/healthz")
+                seen["healthz"] = healthz.status_code
+                # One more is over this user's limit: 429 before any stream starts.
+                over = await http.get(f"/api/v1/jobs/{job['id']}/events")
+                seen["over"] = (over.status_code, over.json()["error"]["kind"])
+            finally:
+                for s in streams:
+                    await s.__aexit__(None, None, None)
+
+    asyncio.run(scenario())
+    assert seen["open"] == 200 and seen["healthz"] == 200
+    # 4 s at one poll per 0.5 s for the one job (200 streams polling each: ~1600).
+    assert seen["polls"] <= 12, seen
+    assert seen["over"] == (429, "too_many_requests")
