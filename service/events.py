@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -23,8 +24,9 @@ log = logging.getLogger(__name__)
 
 #: How often a job with open streams is read from the database.
 EVENT_POLL_S = 0.5
-#: What a feed hands its subscribers: ("progress" | "end", the job and its tasks as JSON-ready data).
-Event = tuple[str, dict[str, Any]]
+#: What a feed hands its subscribers: ("progress" | "end", the job and its tasks as JSON text, serialized
+#: once for all of them).
+Event = tuple[str, str]
 #: Reads a job's snapshot: (data, whether the job has finished).
 Snapshot = Callable[[str], tuple[dict[str, Any], bool]]
 
@@ -110,12 +112,12 @@ class JobEvents:
                 continue
             self.polls += 1
             if finished:
-                feed.post(("end", data))
+                feed.post(("end", json.dumps(data)))
                 return
             # A heartbeat alone is not news for the client.
             changed = {**data, "job": {k: v for k, v in data["job"].items() if k != "heartbeat_at"}}
             if changed != news:
-                feed.post(("progress", data))
+                feed.post(("progress", json.dumps(data)))
                 news = changed
             await asyncio.sleep(self._poll_s)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -55,7 +54,6 @@ from tuner.store.sql import Store
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 ERRORS = {401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
-# How often a live event stream looks at the database (workers may run anywhere, so it polls).
 
 
 def job_out(store: Store, job: Job, model_names: dict[str, str] | None = None) -> JobOut:
@@ -275,7 +273,7 @@ def job_snapshot(store: Store, job_id: str) -> tuple[dict[str, Any], bool]:
 
 @router.get(
     "/{job_id}/events",
-    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    responses={**ERRORS, 429: {"model": ErrorOut}, 200: {"content": {"text/event-stream": {}}}},
     summary="Server-Sent Events: 'progress' events while the job runs, one 'end' event when it ends",
 )
 async def job_events(job_id: str, state: StateDep, owner: OwnerDep) -> EventSourceResponse:
@@ -286,7 +284,7 @@ async def job_events(job_id: str, state: StateDep, owner: OwnerDep) -> EventSour
         async with state.events.subscribe(job_id, owner) as mailbox:
             while True:
                 event, data = await mailbox.get()
-                yield {"event": event, "data": json.dumps(data)}
+                yield {"event": event, "data": data}
                 if event == "end":
                     return
 
