@@ -189,7 +189,12 @@ class LocalRunner(BaseModel):
 class RPCRunner(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["rpc"]
-    tracker: str = Field(description="host:port of the TVM RPC tracker", examples=["127.0.0.1:9190"])
+    tracker: str | None = Field(
+        default=None,
+        max_length=255,
+        description="host:port of one of the server's configured RPC trackers; default: its first",
+        examples=["127.0.0.1:9190"],
+    )
     key: str = Field(min_length=1, max_length=128, description="Device key the RPC servers registered")
 
 

@@ -149,6 +149,11 @@ class Settings(BaseSettings):
     rpc_tracker: str | None = Field(
         default=None, description="host:port of the TVM RPC tracker shown on /api/v1/devices"
     )
+    rpc_trackers: str | None = Field(
+        default=None,
+        description="More host:port trackers that jobs submitted over the API may use, comma-separated "
+        "(besides KILN_RPC_TRACKER); a job's tracker must be one of them",
+    )
     rpc_timeout_s: float = Field(default=10.0, gt=0, description="Connect timeout to the RPC tracker")
 
     # torch.compile(backend="kiln"): the defaults of its options (torch.compile's options= override them).
@@ -179,6 +184,12 @@ class Settings(BaseSettings):
 
             parse_cache_spec(value)  # raises ValueError, which pydantic reports with the setting's name
         return value
+
+    def allowed_rpc_trackers(self) -> list[str]:
+        """The trackers jobs submitted over the API may measure through: KILN_RPC_TRACKER first, then
+        KILN_RPC_TRACKERS."""
+        named = [self.rpc_tracker or "", *(self.rpc_trackers or "").split(",")]
+        return list(dict.fromkeys(t.strip() for t in named if t.strip()))
 
     def record_scope(self, owner: str) -> str | None:
         """Whose tuning records a job of ``owner`` reads and shows: its owner's, or all (KILN_SHARE_RECORDS)."""

@@ -29,7 +29,9 @@ from service.schemas import (
     JobOut,
     JobPage,
     KernelAssemblyOut,
+    LocalRunner,
     ProfileOut,
+    RPCRunner,
     TaskOut,
 )
 from tuner import inspection
@@ -49,6 +51,8 @@ from tuner.inspection import best_schedule, plan_model, task_tir
 from tuner.job import submit_job
 from tuner.models import artifact_file_name
 from tuner.profile_check import job_profile as profile_of_job
+from tuner.rpc.tracker import allowed_tracker
+from tuner.settings import Settings
 from tuner.store.sql import Store
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -84,13 +88,20 @@ def create_job(body: JobIn, state: StateDep, owner: OwnerDep) -> JobOut:
         max_trials_per_task=body.max_trials_per_task,
         seed=body.seed,
         input_shapes={k: tuple(v) for k, v in (body.input_shapes or {}).items()},
-        runner=RunnerSpec.from_dict(body.runner.model_dump()),
+        runner=_runner(body.runner, state.settings),
         cost_model=body.cost_model,
         space=body.space,
         precision=body.precision,
         float_model_id=body.float_model_id,
     )
     return job_out(state.store, submit_job(state.store, spec, owner))
+
+
+def _runner(runner: LocalRunner | RPCRunner, settings: Settings) -> RunnerSpec:
+    """A job's runner; an RPC one only through a tracker the operator configured."""
+    if isinstance(runner, LocalRunner):
+        return RunnerSpec()
+    return RunnerSpec("rpc", allowed_tracker(runner.tracker, settings.allowed_rpc_trackers()), runner.key)
 
 
 @router.get("", response_model=JobPage, responses=ERRORS, summary="List jobs, newest first")

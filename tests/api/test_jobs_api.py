@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from service.app import create_app
 from tests.api.conftest import onnx_bytes
 from tests.models import build_mlp
 from tuner.settings import Settings
@@ -361,3 +362,36 @@ def test_a_failed_job_says_why_in_one_sentence_without_server_paths(
     again = client.post("/api/v1/models", files={"file": ("mlp.onnx", mlp_bytes)})
     assert again.status_code == 200 and again.json()["id"] == mlp_model["id"]
     assert blob.read_bytes() == mlp_bytes
+
+
+def test_a_job_measures_only_through_the_trackers_the_operator_configured(
+    api_settings: Settings, mlp_bytes: bytes
+) -> None:
+    """A job picks a device key, not an address: a tracker field anyone could point at any host and port
+    made the worker a port scanner."""
+    rpc = {"kind": "rpc", "key": "cpu"}
+
+    def submit(client: TestClient, runner: dict) -> dict:
+        model = client.post("/api/v1/models", files={"file": ("mlp.onnx", mlp_bytes)}).json()
+        return client.post(
+            "/api/v1/jobs", json={"model_id": model["id"], "trials": 4, "runner": runner}
+        ).json()
+
+    with TestClient(create_app(api_settings)) as client:  # no tracker configured
+        refused = submit(client, {**rpc, "tracker": "127.0.0.1:9190"})
+        assert refused["error"]["kind"] == "invalid_spec"
+        assert "no RPC tracker configured (KILN_RPC_TRACKER" in refused["error"]["message"]
+    configured = api_settings.model_copy(
+        update={"rpc_tracker": "127.0.0.1:9190", "rpc_trackers": "10.0.0.5:9190, 127.0.0.1:9190"}
+    )
+    with TestClient(create_app(configured)) as client:
+        elsewhere = submit(client, {**rpc, "tracker": "192.0.2.1:22"})
+        assert elsewhere["error"] == {
+            "kind": "invalid_spec",
+            "message": "RPC tracker '192.0.2.1:22' is not one this server uses (127.0.0.1:9190, 10.0.0.5:9190); "
+            "pick a device key at one of them (GET /api/v1/devices), or leave the tracker out",
+        }
+        assert submit(client, rpc)["runner"] == {"kind": "rpc", "tracker": "127.0.0.1:9190", "key": "cpu"}
+        second = submit(client, {**rpc, "tracker": "10.0.0.5:9190"})
+        assert second["runner"]["tracker"] == "10.0.0.5:9190"
+        assert client.get("/api/v1/jobs").json()["total"] == 2  # nothing queued for the refused ones

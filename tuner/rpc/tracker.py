@@ -130,6 +130,25 @@ def tracker_summary(address: str, timeout_s: float) -> list[DeviceQueue]:
     return [q for q in queue_list if q.total or q.free or q.pending]
 
 
+def allowed_tracker(asked: str | None, configured: list[str]) -> str:
+    """The tracker a job submitted over the API measures through: the one it names if the operator
+    configured it, else the first configured. A job picks a device, not an address: a tracker field that
+    any user could point anywhere made the worker connect to any host and port."""
+    if not configured:
+        raise InvalidSpec(
+            "this server has no RPC tracker configured (KILN_RPC_TRACKER, KILN_RPC_TRACKERS): jobs measure "
+            "on its workers' CPUs (runner 'local')"
+        )
+    if asked is None:
+        return configured[0]
+    if asked not in configured:
+        raise InvalidSpec(
+            f"RPC tracker '{asked[:100]}' is not one this server uses ({', '.join(configured)}); pick a device "
+            "key at one of them (GET /api/v1/devices), or leave the tracker out"
+        )
+    return asked
+
+
 def validate_runner(runner: RunnerSpec) -> None:
     """Check what a runner spec's own fields cannot: that an rpc runner's tracker is a host:port."""
     if not runner.is_local:
