@@ -101,15 +101,19 @@ BF16 = AmxKind("bf16f32", "bfloat16", "bfloat16", "float32", 2, "llvm.x86.tdpbf1
 KINDS = (INT8, BF16)
 
 
+#: What every AMX intrinsic's registered name begins with.
+AMX_NAME_PREFIX = "kiln_amx_"
+
+
 def amx_intrinsic_name(kind: AmxKind, rows: int, cols: int, depth: int) -> str:
     """The registered name of the ``kind`` intrinsic over a ``16*rows`` x ``16*cols`` block, ``depth``
     tile rows deep (``depth * kind.depth`` reduction elements)."""
-    return f"kiln_amx_{kind.name}_{TILE_ROWS * rows}x{TILE_COLS * cols}x{kind.depth * depth}"
+    return f"{AMX_NAME_PREFIX}{kind.name}_{TILE_ROWS * rows}x{TILE_COLS * cols}x{kind.depth * depth}"
 
 
 def amx_zero_name(kind: AmxKind, rows: int, cols: int) -> str:
     """The registered name of the intrinsic zeroing the accumulator block of :func:`amx_intrinsic_name`."""
-    return f"kiln_amx_zero_{kind.acc_dtype}_{TILE_ROWS * rows}x{TILE_COLS * cols}"
+    return f"{AMX_NAME_PREFIX}zero_{kind.acc_dtype}_{TILE_ROWS * rows}x{TILE_COLS * cols}"
 
 
 def _intrinsic(kind: AmxKind, rows: int, cols: int, depth: int) -> tuple[object, object]:
