@@ -47,11 +47,16 @@ def open_store() -> Store:
 
 
 def open_store_for(settings: Settings) -> Store:
-    """The store ``settings`` name, its schema created or checked."""
+    """The store ``settings`` name, its schema created or checked, this host's jobs left "running" by a
+    killed ``kiln tune`` ended."""
+    from cli.render import err_console
+    from tuner.job_guard import sweep_dead_local_jobs
     from tuner.store.sql import Store
 
     store = Store.from_settings(settings)
     store.ensure_schema(auto_create=True)
+    for job in sweep_dead_local_jobs(store):
+        err_console.print(f"job {job.id} cancelled: {job.error}")
     return store
 
 

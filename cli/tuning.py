@@ -17,6 +17,7 @@ from cli.durations import parse_duration
 from cli.render import (
     RichListener,
     console,
+    err_console,
     fusion_line,
     print_accuracy,
     print_code,
@@ -135,7 +136,12 @@ def tune(
     )
     report_fatal_signals(sys.stderr)  # a crashing kernel ends `kiln tune` instead of hanging it
     with RichListener() as listener:
-        result = run_job(store, settings, job.id, listener=listener)
+
+        def aborted(reason: str) -> None:  # from the job's guard, just before this process ends
+            listener.progress.stop()
+            err_console.print(f"[bold red]job {job.id} stopped:[/] {reason}")
+
+        result = run_job(store, settings, job.id, listener=listener, on_abort=aborted)
     console.print(task_table(result.tasks, "tasks"))
     print_tuning_time(result.job)
     print_outcome(result.job, result.tasks)
@@ -288,7 +294,7 @@ def _queue(
     if float_model is not None:
         floats, _ = register_model(store, current_settings(), float_model, input_shapes=shapes, owner=owner)
         spec = dataclasses.replace(spec, float_model_id=floats.id)
-    return info, submit_job(store, dataclasses.replace(spec, model_id=info.id), owner)
+    return info, submit_job(store, dataclasses.replace(spec, model_id=info.id), owner, current_settings())
 
 
 def _check_owner(store: Store, owner: str) -> None:

@@ -122,6 +122,55 @@ def long_chain_onnx(nodes: int = 50_000) -> onnx.ModelProto:
     return _model(graph)
 
 
+def nested_if_onnx(depth: int = 14) -> onnx.ModelProto:
+    """``If`` nodes nested ``depth`` deep, each branch another ``If``: 2**depth of them in a small file,
+    slow and memory-hungry to import and plan."""
+
+    def branch(level: int, tag: str) -> onnx.GraphProto:
+        out = f"y_{tag}"
+        if level == 0:
+            nodes = [helper.make_node("Neg" if tag.endswith("t") else "Relu", ["x"], [out])]
+        else:
+            nodes = [
+                helper.make_node(
+                    "If",
+                    ["cond"],
+                    [out],
+                    then_branch=branch(level - 1, tag + "t"),
+                    else_branch=branch(level - 1, tag + "e"),
+                )
+            ]
+        return helper.make_graph(
+            nodes, f"g_{tag}", [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, 16])]
+        )
+
+    top = branch(depth, "r")
+    graph = helper.make_graph(
+        list(top.node),
+        "nested_if",
+        [
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+        ],
+        list(top.output),
+    )
+    return _model(graph)
+
+
+def outer_product_onnx(n: int = 16384) -> onnx.ModelProto:
+    """A column times a row: a model of ``n`` floats of weights whose one output is ``n x n`` (1 GiB at
+    16384), so that every run, check and comparison of its outputs takes gigabytes."""
+    row = numpy_helper.from_array(np.linspace(0.5, 1.5, n, dtype=np.float32).reshape(1, n), "row")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "row"], ["y"])],
+        "outer_product",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])],
+        initializer=[row],
+    )
+    return _model(graph)
+
+
 def external_data_onnx(dest: Path, location: str) -> Path:
     """A small model whose one weight claims to live in the external file ``location``."""
     weight = numpy_helper.from_array(np.ones((4, 4), dtype=np.float32), "w")

@@ -385,6 +385,7 @@ class PlanError:
     target_key: str
     kind: str  # a KilnError kind
     message: str
+    transient: bool = False  # it may not come again (the machine was busy, the client left): not kept
 
 
 _RUNNER_TIMEOUTS = ("session_timeout_s", "queue_timeout_s", "timeout_s")

@@ -134,6 +134,12 @@ class ImportTimeout(KilnError):
     """Importing or planning a model took longer than its wall-clock or CPU-time limit."""
 
     kind = "import_timeout"
+    machine_busy = False
+
+    def __init__(self, message: str, machine_busy: bool = False) -> None:
+        super().__init__(message)
+        #: the importer waited for the CPU more than it worked: the limit may not be hit again
+        self.machine_busy = machine_busy
 
 
 def rebuild_error(kind: str, message: str, details: dict[str, object] | None = None) -> KilnError:

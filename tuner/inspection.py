@@ -4,7 +4,6 @@ the fused graph, each task's best schedule, tuning curves, warm starts and where
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -12,7 +11,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import tuner
 from kiln_tvm import ms, register_cpu_tensor_intrinsics, s_tir
 from schedules.poly.analysis import PolyhedralAnalysis, analyse_prim_func
 from schedules.poly.caches import UNKNOWN, CacheHierarchy, parse_cache_spec
@@ -30,6 +28,7 @@ from tuner.entities import (
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
 from tuner.job import measuring_caches
 from tuner.models import model_file
+from tuner.plan_keys import plan_key, plan_shapes
 from tuner.sandbox import Cancelled, ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
@@ -45,14 +44,6 @@ class BestSchedule:
     trace: str  # the schedule as the Python calls that build it
     tir: str  # the scheduled PrimFunc as TVMScript
     trace_json: Any
-
-
-#: Bumped when what a stored plan holds changes (2: the tasks' polyhedral analyses; 3: the quantized
-#: operators lowered to integers and those kept in float; 4: integer kernels packed for VNNI; 5: the
-#: precision policy; 6: the matmuls on AMX tiles; 7: AVX-VNNI's 8-lane packing and the bf16 matmuls on
-#: vdpbf16ps; 8: the bf16 convolutions on vdpbf16ps), so older plans are planned again rather than served
-#: without it.
-PLAN_FORMAT = 8
 
 
 def plan_model(
@@ -73,30 +64,19 @@ def plan_model(
     """
     resolved = resolve_target(target)
     target_key = canonical_target_key(resolved)
-    shapes = {str(k): [int(d) for d in v] for k, v in (input_shapes or _static_shapes(model)).items()}
-    key_data = {
-        "target": resolved,
-        "shapes": shapes,
-        "weight_prepack": settings.weight_prepack,
-        "conv_layout": settings.cpu_conv_layout,
-        "fast_math": settings.fast_math,
-        "precision": precision,
-        "memory_mb": settings.import_memory_mb,
-        "kiln": tuner.__version__,
-        "plan_format": PLAN_FORMAT,
-    }
-    plan_key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()
-    stored = store.get_model_plan(model.id, plan_key)
+    shapes = plan_shapes(model, input_shapes)
+    key = plan_key(settings, resolved, shapes, precision)
+    stored = store.get_model_plan(model.id, key)
     if stored is None:
         # The same preview asked for many times at once is planned once; the others wait for it.
-        with _planning(model.id + plan_key, cancelled):
-            stored = store.get_model_plan(model.id, plan_key)
+        with _planning(model.id + key, cancelled):
+            stored = store.get_model_plan(model.id, key)
             if stored is None:
                 stored = _plan_in_sandbox(
                     store, settings, sandbox, model, resolved, target_key, shapes, precision, cancelled
                 )
-                if not (isinstance(stored, PlanError) and stored.kind in _TRANSIENT_ERRORS):
-                    store.add_model_plan(model.id, plan_key, stored)
+                if not (isinstance(stored, PlanError) and stored.transient):
+                    store.add_model_plan(model.id, key, stored)
     if isinstance(stored, PlanError):
         raise rebuild_error(stored.kind, stored.message)
     return stored
@@ -124,7 +104,7 @@ def _planning(key: str, cancelled: Callable[[], bool] | None) -> Iterator[None]:
 
 
 # Planning errors that may not come again: never kept.
-_TRANSIENT_ERRORS = frozenset({ImportTimeout.kind, Cancelled.kind, ImporterCrashed.kind})
+_TRANSIENT_ERRORS = frozenset({Cancelled.kind, ImporterCrashed.kind})
 
 
 def _plan_in_sandbox(
@@ -150,18 +130,17 @@ def _plan_in_sandbox(
     }
     try:
         result = sandbox.run("plan", args, cancelled)
+    except ImportTimeout as err:
+        # A timeout is the model's when the importer spent its time working, the machine's when it waited.
+        return PlanError(target_key, err.kind, err.message, transient=err.machine_busy)
     except KilnError as err:
-        return PlanError(target_key, err.kind, err.message)
+        return PlanError(target_key, err.kind, err.message, transient=err.kind in _TRANSIENT_ERRORS)
     return ModelPlan(
         target_key=target_key,
         tasks=[TaskInfo(**t) for t in result["tasks"]],
         fusion=FusionSummary.from_dict(result["fusion"]),
         graph=result["graph"],
     )
-
-
-def _static_shapes(model: ModelInfo) -> dict[str, tuple[int, ...]]:
-    return {t.name: tuple(int(d) for d in t.shape) for t in model.signature.inputs if t.is_static}
 
 
 def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) -> BestSchedule:

@@ -9,9 +9,8 @@ same target starts from them. The artifact's manifest is built by :mod:`tuner.ma
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,11 @@ from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, Mod
 from tuner.errors import InvalidSpec, KilnError, MissingInputShape, TuningFailed
 from tuner.failures import crash_report_path, describe_failure, write_crash_report
 from tuner.frontend import ImportedModel, check_given_shape, load_model
+from tuner.job_guard import InProcessGuard, cli_worker_name
 from tuner.manifest import job_manifest
 from tuner.metaschedule.database import KilnDatabase
 from tuner.models import model_file
+from tuner.plan_keys import preview_refusal
 from tuner.precision import check_precision
 from tuner.profile import host_limits, kernel_flops, profile_model
 from tuner.recorder import JobListener, JobRecorder
@@ -87,12 +88,20 @@ def validate_spec(spec: JobSpec) -> dict[str, Any]:
     return target
 
 
-def submit_job(store: Store, spec: JobSpec, owner: str = "") -> Job:
+def submit_job(store: Store, spec: JobSpec, owner: str = "", settings: Settings | None = None) -> Job:
     """Validate a spec (:func:`validate_spec`, and its input shapes against the model of ``owner``) and
-    queue a job for it."""
+    queue a job for it.
+
+    With ``settings``, a job whose task preview (the same plan) was refused for a limit is refused too,
+    with the preview's reason: it would spend its limits to fail the same way.
+    """
     model = store.get_model(spec.model_id, owner)
     target = validate_spec(spec)
     _check_input_shapes(model, spec)
+    if settings is not None:
+        refusal = preview_refusal(store, settings, model, target, spec.input_shapes, spec.precision)
+        if refusal is not None:
+            raise refusal
     if spec.float_model_id is not None:
         _check_float_model(model, store.get_model(spec.float_model_id, owner))
     # The job records the space that tunes it, the target's default when the user named none.
@@ -192,15 +201,19 @@ def run_job(
     listener: JobListener | None = None,
     should_stop: Any = None,
     worker: str | None = None,
+    on_abort: Callable[[str], None] | None = None,
 ) -> JobResult:
     """Run a queued job in this process to its end (the CLI's path; the service uses workers).
 
-    The job row always ends ``succeeded``, ``failed`` or ``cancelled``.
+    The job is held to the limits a worker holds its jobs to (:class:`~tuner.job_guard.InProcessGuard`):
+    at a limit, or on SIGINT/SIGTERM when called from the main thread, its outcome is recorded, the
+    processes it started are killed and this process ends, after telling ``on_abort`` why. Otherwise the
+    job row ends ``succeeded``, ``failed`` or ``cancelled`` when this returns or raises.
     """
-    worker = worker or f"{socket.gethostname()}:cli:{os.getpid()}"
-    job = store.mark_job_running(job_id, worker)
+    job = store.mark_job_running(job_id, worker or cli_worker_name())
     recorder = JobRecorder(store, job_id, listener)
-    with recorder.heartbeat(worker, settings.heartbeat_s):
+    guard = InProcessGuard(store, settings, job, lambda: recorder.current_stage, on_abort)
+    with recorder.heartbeat(job.worker or "", settings.heartbeat_s), guard:
         try:
             return _execute(settings, job, recorder, should_stop)
         except KeyboardInterrupt:

@@ -134,6 +134,20 @@ class Settings(BaseSettings):
         le=8,
         description="> 0: start the importers' fork server (TVM loaded) with the service, not at the first upload",
     )
+    job_memory_mb: int = Field(
+        default=12288,
+        ge=256,
+        description="Memory one job's processes (tuning, builders, runners, timing) may hold together, in MiB",
+    )
+    job_stage_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Wall-clock limit of each stage of a job after tuning (compiling, verifying, measuring, "
+        "profiling, packaging), and how far tuning may run past the job's time budget, in seconds",
+    )
+    job_tuning_timeout_s: float = Field(
+        default=86400.0, gt=0, description="Wall-clock limit of the tuning of a job that has no time budget"
+    )
     max_unpacked_mb: int = Field(
         default=4096, ge=1, description="Largest total uncompressed size of a .pt2 archive's members, in MiB"
     )

@@ -27,6 +27,7 @@ from forkserver import ForkedProcess, shared_fork_server
 from tuner.entities import Job, JobStatus
 from tuner.errors import Conflict, KilnError
 from tuner.failures import CRASH_REPORT, crash_report_path
+from tuner.job_limits import JobLimits, JobWatch
 from tuner.settings import Settings
 from tuner.store.sql import Store
 
@@ -119,7 +120,10 @@ class Worker:
         # also stops its builders and runners.
         child = _start_tuning_process(job.id, self.name, self.settings)
         self.child_pid = child.pid
+        watch = JobWatch(JobLimits.from_settings(self.settings), child.pid, job.spec.time_budget_s)
+        stage = job.stage
         outcome = "exited"
+        limit_reason: str | None = None
         cancel_deadline: float | None = None
         next_beat = 0.0
         try:
@@ -143,15 +147,23 @@ class Worker:
                             break
                         outcome = "lost"  # requeued by another worker meanwhile
                         break
-                    if current is not None and current.cancel_requested and cancel_deadline is None:
-                        log.info("job %s: cancel requested; stopping its tuning process", job.id)
-                        cancel_deadline = now + self.settings.cancel_grace_s
+                    if current is not None:
+                        stage = current.stage
+                        if current.cancel_requested and cancel_deadline is None:
+                            log.info("job %s: cancel requested; stopping its tuning process", job.id)
+                            cancel_deadline = now + self.settings.cancel_grace_s
+                limit_reason = watch.check(stage)
+                if limit_reason is not None:
+                    outcome = "limit"
+                    break
                 if cancel_deadline is not None and now >= cancel_deadline:
                     outcome = "cancelled"
                     break
         finally:
             _kill_process_group(child)
-        self._record_outcome(job, child.returncode, outcome)
+        if limit_reason is not None:
+            log.warning("job %s stopped at a limit: %s", job.id, limit_reason)
+        self._record_outcome(job, child.returncode, outcome, limit_reason)
 
     def _beat(self, job_id: str) -> Job | bool | None:
         """The job after a heartbeat; False when it is no longer ours; None on a database error."""
@@ -162,7 +174,9 @@ class Worker:
             return None
         return False if current is None else current
 
-    def _record_outcome(self, job: Job, exitcode: int | None, outcome: str) -> None:
+    def _record_outcome(
+        self, job: Job, exitcode: int | None, outcome: str, limit_reason: str | None = None
+    ) -> None:
         if outcome == "lost":
             log.warning("job %s was taken from worker %s; its tuning process was stopped", job.id, self.name)
             return
@@ -173,7 +187,9 @@ class Worker:
         if current.status is not JobStatus.RUNNING:
             return  # the tuning process recorded the outcome itself
         trials = self.store.count_records(job_id=job.id)
-        if outcome == "cancelled" or current.cancel_requested:
+        if limit_reason is not None:
+            status, error = JobStatus.FAILED, limit_reason
+        elif outcome == "cancelled" or current.cancel_requested:
             status = JobStatus.CANCELLED
             error = f"cancelled by the user; the {trials} records measured so far were kept"
         else:

@@ -94,7 +94,7 @@ def create_job(body: JobIn, state: StateDep, owner: OwnerDep) -> JobOut:
         precision=body.precision,
         float_model_id=body.float_model_id,
     )
-    return job_out(state.store, submit_job(state.store, spec, owner))
+    return job_out(state.store, submit_job(state.store, spec, owner, state.settings))
 
 
 def _runner(runner: LocalRunner | RPCRunner, settings: Settings) -> RunnerSpec:

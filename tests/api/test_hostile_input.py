@@ -76,6 +76,14 @@ def test_a_model_that_folds_into_gigabytes_is_refused_within_the_memory_limit(
         # The outcome is kept: asking again answers from the store, and a job cannot dodge it.
         again = client.get(f"/api/v1/models/{uploaded.json()['id']}/tasks")
         assert again.json() == preview.json()
+        job = client.post("/api/v1/jobs", json={"model_id": uploaded.json()["id"], "trials": 0})
+        assert job.status_code == 413, job.text
+        assert job.json()["error"] == {
+            "kind": "model_too_large",
+            "message": "its task preview was refused: model too large to import within 512 MiB of memory "
+            "(KILN_IMPORT_MEMORY_MB)",
+        }
+        assert client.get("/api/v1/jobs").json()["total"] == 0
 
 
 def test_a_preview_that_takes_too_long_is_cut_at_its_timeout(api_settings: Settings) -> None:
