@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth import OWNER_STATE, Authenticator
@@ -28,24 +29,24 @@ class ServiceState:
     events: JobEvents  # the open event streams, one database poll per job
 
 
-def get_state(request: Request) -> ServiceState:
+async def get_state(request: Request) -> ServiceState:  # async: no thread for a lookup
     return request.app.state.kiln
 
 
 StateDep = Annotated[ServiceState, Depends(get_state)]
 
 
-def get_owner(
+async def get_owner(
     request: Request,
     state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
     """The owner name of the request ("" when the server needs no token)."""
     owner = getattr(request.state, OWNER_STATE, None)
-    if owner is not None:  # checked by AuthGate before the body was read
+    if owner is not None:  # checked by AuthGate before the body was read: no thread needed
         return owner
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    return state.auth.owner(header)
+    return await run_in_threadpool(state.auth.owner, header)
 
 
 OwnerDep = Annotated[str, Depends(get_owner)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -125,11 +126,15 @@ def check_runs_here(target: dict[str, Any]) -> None:
         )
 
 
-def _isa_features(target: dict[str, Any]) -> set[str]:
-    features = tvm.target.codegen.llvm_get_cpu_features(
-        Target({k: v for k, v in target.items() if k != "num-cores"})
-    )
-    return {str(f) for f in features if _ISA_FEATURE.match(str(f))}
+def _isa_features(target: dict[str, Any]) -> frozenset[str]:
+    return _isa_features_of(json.dumps({k: v for k, v in target.items() if k != "num-cores"}, sort_keys=True))
+
+
+# LLVM's answer holds the interpreter for milliseconds; jobs name few targets: asked once per target.
+@functools.lru_cache(maxsize=256)
+def _isa_features_of(target_json: str) -> frozenset[str]:
+    features = tvm.target.codegen.llvm_get_cpu_features(Target(json.loads(target_json)))
+    return frozenset(str(f) for f in features if _ISA_FEATURE.match(str(f)))
 
 
 def to_tvm_target(target: dict[str, Any]) -> Target:
