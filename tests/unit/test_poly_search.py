@@ -4,7 +4,6 @@ rejection, and the ranked seeds, on a matmul's real design space."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -131,39 +130,36 @@ def test_seeds_carry_the_ranked_tilings_and_build() -> None:
     tvm.compile(seeds[0].mod, target=TARGET)  # postprocessed: it builds
 
 
-def _classifier() -> tvm.IRModule:
-    """A classifier's last layer: a 512 x 1000 matmul and its bias add (the epilogue)."""
+def test_seeds_of_a_classifier_with_a_predicated_bias_add_build_and_compute_it() -> None:
+    # 1000 classes: the bias add's vector blocks are predicated, which the schedule's debug verification
+    # took for an error (it failed the whole job of every ResNet under cpu-poly).
     a = te.placeholder((1, 512), name="a")
     w = te.placeholder((512, 1000), name="w")
     b = te.placeholder((1000,), name="b")
     k = te.reduce_axis((0, 512), name="k")
     mm = te.compute((1, 1000), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="matmul")
     out = te.compute((1, 1000), lambda i, j: mm[i, j] + b[j], name="T_add")
-    return tvm.IRModule(
-        {"main": te.create_prim_func([a, w, b, out]).with_attr("layout_free_buffers", [1, 2])}
-    )
-
-
-def _assert_computes_the_classifier(sch: Any, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    args = [rng.standard_normal(shape).astype(np.float32) for shape in ((1, 512), (512, 1000), (1000,))]
-    result = tvm.runtime.tensor(np.zeros((1, 1000), np.float32))
-    tvm.compile(sch.mod, target=TARGET)(*(tvm.runtime.tensor(x) for x in args), result)
-    np.testing.assert_allclose(result.numpy(), args[0] @ args[1] + args[2], rtol=1e-4, atol=1e-4)
-
-
-def test_seeds_of_a_classifier_with_a_predicated_bias_add_build_and_compute_it() -> None:
-    # 1000 classes: the bias add's vector blocks are predicated, which the schedule's debug verification
-    # took for an error (it failed the whole job of every ResNet under cpu-poly).
-    seeds = seed_schedules(_context(_classifier()), MachineModel(16, 2, CACHES), 3)
+    func = te.create_prim_func([a, w, b, out]).with_attr("layout_free_buffers", [1, 2])
+    seeds = seed_schedules(_context(tvm.IRModule({"main": func})), MachineModel(16, 2, CACHES), 3)
     assert seeds
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(shape).astype(np.float32) for shape in ((1, 512), (512, 1000), (1000,))]
     for sch in seeds:
-        _assert_computes_the_classifier(sch, 0)
+        result = tvm.runtime.tensor(np.zeros((1, 1000), np.float32))
+        tvm.compile(sch.mod, target=TARGET)(*(tvm.runtime.tensor(x) for x in args), result)
+        np.testing.assert_allclose(result.numpy(), args[0] @ args[1] + args[2], rtol=1e-4, atol=1e-4)
 
 
 def test_an_unmeasured_seed_accumulates_per_tile_fully_unrolled_and_computes_the_model() -> None:
     # The classifier's matmul has an epilogue: a space that fuses it at a tile loop exists and comes first.
-    context = _context(_classifier())
+    a = te.placeholder((1, 512), name="a")
+    w = te.placeholder((512, 1000), name="w")
+    b = te.placeholder((1000,), name="b")
+    k = te.reduce_axis((0, 512), name="k")
+    mm = te.compute((1, 1000), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="matmul")
+    out = te.compute((1, 1000), lambda i, j: mm[i, j] + b[j], name="T_add")
+    func = te.create_prim_func([a, w, b, out]).with_attr("layout_free_buffers", [1, 2])
+    context = _context(tvm.IRModule({"main": func}))
     spaces = [s.trace for s in context.space_generator.generate_design_space(context.mod)]
     assert not any(i.kind.name in ("CacheWrite", "ReverseComputeAt") for i in spaces[0].insts)  # the default
 
@@ -180,7 +176,11 @@ def test_an_unmeasured_seed_accumulates_per_tile_fully_unrolled_and_computes_the
     for inst in unroll:
         candidates = [int(c) for c in inst.attrs[0]]
         assert int(sch.trace.decisions[inst]) == candidates.index(max(candidates))
-    _assert_computes_the_classifier(sch, 1)
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(shape).astype(np.float32) for shape in ((1, 512), (512, 1000), (1000,))]
+    result = tvm.runtime.tensor(np.zeros((1, 1000), np.float32))
+    tvm.compile(sch.mod, target=TARGET)(*(tvm.runtime.tensor(x) for x in args), result)
+    np.testing.assert_allclose(result.numpy(), args[0] @ args[1] + args[2], rtol=1e-4, atol=1e-4)
 
 
 def test_only_a_reduction_over_one_axis_counts_as_matmul_like_for_unmeasured_seeds() -> None:
