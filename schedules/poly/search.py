@@ -9,7 +9,6 @@ Both read the tilings MetaSchedule's multi-level tiling sampled from the candida
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,16 +174,6 @@ def _accumulates_per_tile(trace: Any) -> bool:
     return any(inst.kind.name in ("CacheWrite", "ReverseComputeAt") for inst in trace.insts)
 
 
-def _reduces_over_one_axis(blocks: list[tuple[TracedTiling, list[Tiling]]]) -> bool:
-    """Whether every tiled block reduces over at most one loop longer than 1 (a matmul, not a window)."""
-    for traced, _ in blocks:
-        levels = traced.structure.count("R")
-        reductions = [f for f in traced.factors if len(f) == levels and math.prod(f) > 1]
-        if len(reductions) > 1:
-            return False
-    return True
-
-
 def _unrolled_most(trace: Any) -> Any:
     """``trace`` with each explicit-unroll choice set to its largest candidate."""
     unroll_vars = {
@@ -208,12 +197,10 @@ def seed_schedules(
     spaces' other choices (cache reads and writes, unrolling); postprocessed and ready to build. Other
     decisions keep the design space's samples. Empty when no tiled block is modelled exactly.
 
-    ``unmeasured``: for a schedule compiled without measuring anything. A block that reduces over one axis
-    (matmuls, pointwise convolutions) takes a space that accumulates in a tile of its own (the result
-    written back once per tile, the epilogue fused there) first, its register tile unrolled as far as the
-    space allows: otherwise its accumulators go through memory on every step of the reduction (8-20x
-    slower on MobileNetV2's pointwise convolutions). A windowed reduction (a 3x3 convolution) keeps the
-    spaces' order and samples: measured over ResNet-18, both choices made its convolutions slower.
+    ``unmeasured``: for a schedule compiled without measuring anything, the spaces that accumulate in a
+    tile of their own (the result written back once per tile, the epilogue fused there) come first, and
+    the register tile is unrolled as far as the space allows. Without both, the accumulators of a register
+    tile go through memory on every step of the reduction: 8-20x slower on MobileNetV2's convolutions.
     """
     mod = context.mod
     program = _program_of(mod)
@@ -229,8 +216,7 @@ def seed_schedules(
                 ranked = rank_tilings(statement, traced.structure, machine, count, seed=seed)
                 per_space[index].append((traced, ranked))
     modelled = [(space, blocks) for space, blocks in zip(spaces, per_space, strict=True) if blocks]
-    one_axis = unmeasured and all(_reduces_over_one_axis(blocks) for _, blocks in modelled)
-    if one_axis:
+    if unmeasured:
         modelled.sort(key=lambda item: not _accumulates_per_tile(item[0].trace))
     seeds: list[s_tir.Schedule] = []
     for rank in range(count):
@@ -239,7 +225,7 @@ def seed_schedules(
         space, blocks = modelled[rank % len(modelled)]
         if any(rank >= len(ranked) for _, ranked in blocks):
             continue
-        trace = _unrolled_most(space.trace) if one_axis else space.trace
+        trace = _unrolled_most(space.trace) if unmeasured else space.trace
         for traced, ranked in blocks:
             for inst, factors in zip(traced.instructions, ranked[rank].factors, strict=True):
                 trace = trace.with_decision(inst, list(factors), True)
