@@ -21,7 +21,6 @@ from schedules.poly.tiling import MachineModel, Tiling, matches, overflows, rank
 
 log = logging.getLogger(__name__)
 
-_UNROLL_EXPLICIT = "meta_schedule.unroll_explicit"
 _TILING_STRUCTURE = "meta_schedule.tiling_structure"
 
 
@@ -168,40 +167,12 @@ class FootprintPruner(ms.postproc.PyPostproc):
         return FootprintPruner(self.caches, self.margin, self.pass_through, self.stats, self.program)
 
 
-def _accumulates_per_tile(trace: Any) -> bool:
-    """Whether a design space writes its tiled block's result back per tile (a cache write, or the
-    consumer computed at a tile loop) rather than accumulating in the output buffer itself."""
-    return any(inst.kind.name in ("CacheWrite", "ReverseComputeAt") for inst in trace.insts)
-
-
-def _unrolled_most(trace: Any) -> Any:
-    """``trace`` with each explicit-unroll choice set to its largest candidate."""
-    unroll_vars = {
-        inst.inputs[1]
-        for inst in trace.insts
-        if inst.kind.name == "Annotate" and str(inst.attrs[0]) == _UNROLL_EXPLICIT
-    }
-    for inst in trace.insts:
-        if inst.kind.name == "SampleCategorical" and inst.outputs and inst.outputs[0] in unroll_vars:
-            candidates = [int(c) for c in inst.attrs[0]]
-            trace = trace.with_decision(inst, candidates.index(max(candidates)), True)
-    return trace
-
-
-def seed_schedules(
-    context: Any, machine: MachineModel, count: int, seed: int = 0, *, unmeasured: bool = False
-) -> list[s_tir.Schedule]:
+def seed_schedules(context: Any, machine: MachineModel, count: int, seed: int = 0) -> list[s_tir.Schedule]:
     """Up to ``count`` schedules of the task's design spaces whose tilings are the analysis' best-ranked
     (:func:`~schedules.poly.tiling.rank_tilings`: one per register tile), the ``r``-th best applied to
     design space ``r`` modulo their number, so that the seeds differ both in tile shape and in the
     spaces' other choices (cache reads and writes, unrolling); postprocessed and ready to build. Other
-    decisions keep the design space's samples. Empty when no tiled block is modelled exactly.
-
-    ``unmeasured``: for a schedule compiled without measuring anything, the spaces that accumulate in a
-    tile of their own (the result written back once per tile, the epilogue fused there) come first, and
-    the register tile is unrolled as far as the space allows. Without both, the accumulators of a register
-    tile go through memory on every step of the reduction: 8-20x slower on MobileNetV2's convolutions.
-    """
+    decisions keep the design space's samples. Empty when no tiled block is modelled exactly."""
     mod = context.mod
     program = _program_of(mod)
     if program is None or count <= 0:
@@ -216,8 +187,6 @@ def seed_schedules(
                 ranked = rank_tilings(statement, traced.structure, machine, count, seed=seed)
                 per_space[index].append((traced, ranked))
     modelled = [(space, blocks) for space, blocks in zip(spaces, per_space, strict=True) if blocks]
-    if unmeasured:
-        modelled.sort(key=lambda item: not _accumulates_per_tile(item[0].trace))
     seeds: list[s_tir.Schedule] = []
     for rank in range(count):
         if not modelled:
@@ -225,7 +194,7 @@ def seed_schedules(
         space, blocks = modelled[rank % len(modelled)]
         if any(rank >= len(ranked) for _, ranked in blocks):
             continue
-        trace = _unrolled_most(space.trace) if unmeasured else space.trace
+        trace = space.trace
         for traced, ranked in blocks:
             for inst, factors in zip(traced.instructions, ranked[rank].factors, strict=True):
                 trace = trace.with_decision(inst, list(factors), True)

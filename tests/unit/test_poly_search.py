@@ -144,39 +144,6 @@ def test_seeds_of_a_classifier_with_a_predicated_bias_add_build_and_compute_it()
         np.testing.assert_allclose(result.numpy(), args[0] @ args[1] + args[2], rtol=1e-4, atol=1e-4)
 
 
-def test_an_unmeasured_seed_accumulates_per_tile_fully_unrolled_and_computes_the_model() -> None:
-    # The classifier's matmul has an epilogue: a space that fuses it at a tile loop exists and comes first.
-    a = te.placeholder((1, 512), name="a")
-    w = te.placeholder((512, 1000), name="w")
-    b = te.placeholder((1000,), name="b")
-    k = te.reduce_axis((0, 512), name="k")
-    mm = te.compute((1, 1000), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="matmul")
-    out = te.compute((1, 1000), lambda i, j: mm[i, j] + b[j], name="T_add")
-    func = te.create_prim_func([a, w, b, out]).with_attr("layout_free_buffers", [1, 2])
-    context = _context(tvm.IRModule({"main": func}))
-    spaces = [s.trace for s in context.space_generator.generate_design_space(context.mod)]
-    assert not any(i.kind.name in ("CacheWrite", "ReverseComputeAt") for i in spaces[0].insts)  # the default
-
-    (sch,) = seed_schedules(context, MachineModel(16, 2, CACHES), 1, unmeasured=True)
-
-    kinds = [inst.kind.name for inst in sch.trace.insts]
-    assert "ReverseComputeAt" in kinds or "CacheWrite" in kinds
-    unroll = [
-        inst
-        for inst in sch.trace.insts
-        if inst.kind.name == "SampleCategorical" and inst in sch.trace.decisions
-    ]
-    assert unroll
-    for inst in unroll:
-        candidates = [int(c) for c in inst.attrs[0]]
-        assert int(sch.trace.decisions[inst]) == candidates.index(max(candidates))
-    rng = np.random.default_rng(1)
-    args = [rng.standard_normal(shape).astype(np.float32) for shape in ((1, 512), (512, 1000), (1000,))]
-    result = tvm.runtime.tensor(np.zeros((1, 1000), np.float32))
-    tvm.compile(sch.mod, target=TARGET)(*(tvm.runtime.tensor(x) for x in args), result)
-    np.testing.assert_allclose(result.numpy(), args[0] @ args[1] + args[2], rtol=1e-4, atol=1e-4)
-
-
 def test_the_pruner_rejects_overflowing_tiles_softly_and_counts() -> None:
     mod = _matmul()
     stats = PruningStats()
