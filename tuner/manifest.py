@@ -78,7 +78,6 @@ def job_manifest(
                 "best_latency_us": t.best_latency_us,
                 "gflops": gflops(t.flops, t.best_latency_us),
                 "search_stats": t.search_stats,
-                "schedule_source": t.schedule_source,
             }
             for t in tasks
         ],
