@@ -33,7 +33,6 @@ class JobLimits:
     """What one job may use: memory for its process tree, wall-clock time per stage."""
 
     memory_mb: int
-    planning_s: float  # importing and extracting tasks, together (a preview's limit)
     tuning_s: float  # tuning without a time budget of its own
     stage_s: float  # every other stage; tuning's grace past its time budget
     preview: SandboxLimits  # the limits of a preview, which planning shares
@@ -42,11 +41,15 @@ class JobLimits:
     def from_settings(cls, settings: Settings) -> JobLimits:
         return cls(
             memory_mb=settings.job_memory_mb,
-            planning_s=settings.import_timeout_s,
             tuning_s=settings.job_tuning_timeout_s,
             stage_s=settings.job_stage_timeout_s,
             preview=SandboxLimits.from_settings(settings),
         )
+
+    @property
+    def planning_s(self) -> float:
+        """How long importing and extracting tasks may take together: a preview's wall-clock limit."""
+        return self.preview.timeout_s
 
     def stage_limit(self, stage: str | None, time_budget_s: float | None) -> tuple[float, str]:
         """How long ``stage`` may take, and the reason a job that takes longer fails with."""
