@@ -57,12 +57,13 @@ def fmt(value: float | None, spec: str = ".1f", none: str = "-") -> str:
 
 
 def task_table(tasks: list[Task], title: str) -> Table:
-    """A job's tasks: weight, work, trials, best latency and the GFLOP/s it reaches."""
+    """A job's tasks: weight, work, trials, best latency, the GFLOP/s it reaches and where the compiled
+    schedule came from (tuned, rule, model, sampled, none)."""
     from tuner.tune import gflops
 
     table = Table(title=title)
-    for col in ("#", "task", "weight", "MFLOP", "trials", "best µs", "GFLOP/s"):
-        table.add_column(col, justify="left" if col == "task" else "right")
+    for col in ("#", "task", "weight", "MFLOP", "trials", "best µs", "GFLOP/s", "schedule"):
+        table.add_column(col, justify="left" if col in ("task", "schedule") else "right")
     for i, t in enumerate(tasks):
         table.add_row(
             str(i),
@@ -72,6 +73,7 @@ def task_table(tasks: list[Task], title: str) -> Table:
             str(t.trials),
             fmt(t.best_latency_us),
             fmt(gflops(t.flops, t.best_latency_us)),
+            t.schedule_source or "-",
         )
     return table
 

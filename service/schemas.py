@@ -437,6 +437,12 @@ class TaskOut(EntityOut):
         "despite the model, seeds measured, and the caches they held tiles against); null for spaces "
         "without hooks",
     )
+    schedule_source: Literal["tuned", "rule", "model", "sampled", "none"] | None = Field(
+        default=None,
+        description="Where the schedule compiled into the model came from: tuned (the best measured record), "
+        "rule (a default rule), model (the polyhedral model's best-ranked tiling, unmeasured), sampled (a "
+        "design-space sample, unmeasured) or none (serial loops); null until the job compiled",
+    )
 
     @classmethod
     def list_of(cls, tasks: list[Task]) -> list[TaskOut]:

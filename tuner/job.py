@@ -38,6 +38,7 @@ from tuner.recorder import JobListener, JobRecorder
 from tuner.rpc.device_info import device_caches
 from tuner.rpc.tracker import check_runner, validate_runner
 from tuner.sandbox import SandboxLimits, is_out_of_memory, memory_limit
+from tuner.schedule_choice import choose_schedules
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
@@ -309,7 +310,13 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
 
     recorder.stage("compiling")
     build_dir = settings.jobs_dir / job.id / "build"
-    tuned_exe = build_tuned(plan, target, database)
+    # A kernel without a measured record gets the best schedule Kiln can build without measuring (the
+    # same choice as the torch.compile backend's), never serial loops.
+    chosen, choices = choose_schedules(plan.tasks, target, database, job_caches(settings, spec))
+    store.set_schedule_sources(
+        {task.id: choice.source.value for task, choice in zip(recorder.tasks, choices, strict=True)}
+    )
+    tuned_exe = build_tuned(plan, target, chosen)
     _keep_assembly(store, store.list_tasks(job.id), model_assembly(tuned_exe))
     tuned_lib = export_library(tuned_exe, build_dir / "model.so", amx=bool(amx_kinds(target)))
     comparisons: list[Comparison] = []

@@ -78,6 +78,7 @@ def job_manifest(
                 "best_latency_us": t.best_latency_us,
                 "gflops": gflops(t.flops, t.best_latency_us),
                 "search_stats": t.search_stats,
+                "schedule_source": t.schedule_source,
             }
             for t in tasks
         ],

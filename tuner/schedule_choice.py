@@ -113,7 +113,7 @@ def untuned_schedule(
     cores = int(target.attrs.get("num-cores", physical_core_count()))
     try:
         poly = _context(mod, target, task_name, "cpu-poly", caches, cores)
-        seeds = seed_schedules(poly, MachineModel(fp32_lanes(target), cores, caches), 1)
+        seeds = seed_schedules(poly, MachineModel(fp32_lanes(target), cores, caches), 1, unmeasured=True)
         if seeds:
             return ScheduleSource.MODEL, seeds[0]
         sampled = _design_space_sample(_context(mod, target, task_name, "cpu", caches, cores))

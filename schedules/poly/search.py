@@ -9,6 +9,7 @@ Both read the tilings MetaSchedule's multi-level tiling sampled from the candida
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from schedules.poly.tiling import MachineModel, Tiling, matches, overflows, rank
 
 log = logging.getLogger(__name__)
 
+_UNROLL_EXPLICIT = "meta_schedule.unroll_explicit"
 _TILING_STRUCTURE = "meta_schedule.tiling_structure"
 
 
@@ -167,12 +169,52 @@ class FootprintPruner(ms.postproc.PyPostproc):
         return FootprintPruner(self.caches, self.margin, self.pass_through, self.stats, self.program)
 
 
-def seed_schedules(context: Any, machine: MachineModel, count: int, seed: int = 0) -> list[s_tir.Schedule]:
+def _accumulates_per_tile(trace: Any) -> bool:
+    """Whether a design space writes its tiled block's result back per tile (a cache write, or the
+    consumer computed at a tile loop) rather than accumulating in the output buffer itself."""
+    return any(inst.kind.name in ("CacheWrite", "ReverseComputeAt") for inst in trace.insts)
+
+
+def _reduces_over_one_axis(blocks: list[tuple[TracedTiling, list[Tiling]]]) -> bool:
+    """Whether every tiled block reduces over at most one loop longer than 1 (a matmul, not a window)."""
+    for traced, _ in blocks:
+        levels = traced.structure.count("R")
+        reductions = [f for f in traced.factors if len(f) == levels and math.prod(f) > 1]
+        if len(reductions) > 1:
+            return False
+    return True
+
+
+def _unrolled_most(trace: Any) -> Any:
+    """``trace`` with each explicit-unroll choice set to its largest candidate."""
+    unroll_vars = {
+        inst.inputs[1]
+        for inst in trace.insts
+        if inst.kind.name == "Annotate" and str(inst.attrs[0]) == _UNROLL_EXPLICIT
+    }
+    for inst in trace.insts:
+        if inst.kind.name == "SampleCategorical" and inst.outputs and inst.outputs[0] in unroll_vars:
+            candidates = [int(c) for c in inst.attrs[0]]
+            trace = trace.with_decision(inst, candidates.index(max(candidates)), True)
+    return trace
+
+
+def seed_schedules(
+    context: Any, machine: MachineModel, count: int, seed: int = 0, *, unmeasured: bool = False
+) -> list[s_tir.Schedule]:
     """Up to ``count`` schedules of the task's design spaces whose tilings are the analysis' best-ranked
     (:func:`~schedules.poly.tiling.rank_tilings`: one per register tile), the ``r``-th best applied to
     design space ``r`` modulo their number, so that the seeds differ both in tile shape and in the
     spaces' other choices (cache reads and writes, unrolling); postprocessed and ready to build. Other
-    decisions keep the design space's samples. Empty when no tiled block is modelled exactly."""
+    decisions keep the design space's samples. Empty when no tiled block is modelled exactly.
+
+    ``unmeasured``: for a schedule compiled without measuring anything. A block that reduces over one axis
+    (matmuls, pointwise convolutions) takes a space that accumulates in a tile of its own (the result
+    written back once per tile, the epilogue fused there) first, its register tile unrolled as far as the
+    space allows: otherwise its accumulators go through memory on every step of the reduction (8-20x
+    slower on MobileNetV2's pointwise convolutions). A windowed reduction (a 3x3 convolution) keeps the
+    spaces' order and samples: measured over ResNet-18, both choices made its convolutions slower.
+    """
     mod = context.mod
     program = _program_of(mod)
     if program is None or count <= 0:
@@ -187,6 +229,9 @@ def seed_schedules(context: Any, machine: MachineModel, count: int, seed: int = 
                 ranked = rank_tilings(statement, traced.structure, machine, count, seed=seed)
                 per_space[index].append((traced, ranked))
     modelled = [(space, blocks) for space, blocks in zip(spaces, per_space, strict=True) if blocks]
+    one_axis = unmeasured and all(_reduces_over_one_axis(blocks) for _, blocks in modelled)
+    if one_axis:
+        modelled.sort(key=lambda item: not _accumulates_per_tile(item[0].trace))
     seeds: list[s_tir.Schedule] = []
     for rank in range(count):
         if not modelled:
@@ -194,7 +239,7 @@ def seed_schedules(context: Any, machine: MachineModel, count: int, seed: int = 
         space, blocks = modelled[rank % len(modelled)]
         if any(rank >= len(ranked) for _, ranked in blocks):
             continue
-        trace = space.trace
+        trace = _unrolled_most(space.trace) if one_axis else space.trace
         for traced, ranked in blocks:
             for inst, factors in zip(traced.instructions, ranked[rank].factors, strict=True):
                 trace = trace.with_decision(inst, list(factors), True)

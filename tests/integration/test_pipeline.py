@@ -121,6 +121,8 @@ def test_second_run_starts_from_stored_records(
     # Each task starts from the best record of the first run: the same kernels get compiled.
     assert [t.best_latency_us for t in second.tasks] == [t.best_latency_us for t in first.tasks]
     assert [t.workload_hash for t in second.tasks] == [t.workload_hash for t in first.tasks]
+    for task in second.tasks:  # a task the first run measured is compiled with its record
+        assert (task.schedule_source == "tuned") == (task.best_latency_us is not None), task
     first_manifest = _manifest(first.artifact.path)
     second_manifest = _manifest(second.artifact.path)
     assert [t["best_latency_us"] for t in second_manifest["tasks"]] == [
@@ -145,6 +147,27 @@ def test_small_cnn_tunes_and_matches_onnxruntime(
     ort = next(c for c in result.comparisons if c.reference == "onnxruntime")
     assert ort.ok and ort.max_abs_error < 1e-3
     x = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_zero_trial_artifact_schedules_every_kernel_without_measuring(
+    sqlite_store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    """A cold store and no trials: no kernel is left as serial loops, each says where its schedule came
+    from, and the artifact computes what onnxruntime does."""
+    path = _save(build_small_cnn(), tmp_path / "cnn.onnx")
+    result = _tune(sqlite_store, settings, path, trials=0)
+
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    assert sqlite_store.count_records() == 0  # nothing measured
+    sources = {t.name: t.schedule_source for t in result.tasks}
+    assert "none" not in sources.values() and None not in sources.values(), sources
+    assert "tuned" not in sources.values(), sources
+    conv = [s for name, s in sources.items() if "conv2d" in name]
+    assert conv and set(conv) == {"model"}, sources  # convolutions: the polyhedral model's tiling
+    assert {t["schedule_source"] for t in _manifest(result.artifact.path)["tasks"]} == set(sources.values())
+    x = np.random.default_rng(6).standard_normal((1, 3, 32, 32)).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-4)
 

@@ -4,13 +4,20 @@ rejection, and the ranked seeds, on a matmul's real design space."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from kiln_tvm import ms, tvm
 from schedules.poly.caches import CacheHierarchy, CacheLevel
 from schedules.poly.extract import extract_program
-from schedules.poly.search import FootprintPruner, PruningStats, seed_schedules, traced_tilings
+from schedules.poly.search import (
+    FootprintPruner,
+    PruningStats,
+    _reduces_over_one_axis,
+    seed_schedules,
+    traced_tilings,
+)
 from schedules.poly.tiling import (
     MachineModel,
     Tiling,
@@ -124,24 +131,81 @@ def test_seeds_carry_the_ranked_tilings_and_build() -> None:
     tvm.compile(seeds[0].mod, target=TARGET)  # postprocessed: it builds
 
 
-def test_seeds_of_a_classifier_with_a_predicated_bias_add_build_and_compute_it() -> None:
-    # 1000 classes: the bias add's vector blocks are predicated, which the schedule's debug verification
-    # took for an error (it failed the whole job of every ResNet under cpu-poly).
+def _classifier() -> tvm.IRModule:
+    """A classifier's last layer: a 512 x 1000 matmul and its bias add (the epilogue)."""
     a = te.placeholder((1, 512), name="a")
     w = te.placeholder((512, 1000), name="w")
     b = te.placeholder((1000,), name="b")
     k = te.reduce_axis((0, 512), name="k")
     mm = te.compute((1, 1000), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="matmul")
     out = te.compute((1, 1000), lambda i, j: mm[i, j] + b[j], name="T_add")
-    func = te.create_prim_func([a, w, b, out]).with_attr("layout_free_buffers", [1, 2])
-    seeds = seed_schedules(_context(tvm.IRModule({"main": func})), MachineModel(16, 2, CACHES), 3)
-    assert seeds
-    rng = np.random.default_rng(0)
+    return tvm.IRModule(
+        {"main": te.create_prim_func([a, w, b, out]).with_attr("layout_free_buffers", [1, 2])}
+    )
+
+
+def _assert_computes_the_classifier(sch: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
     args = [rng.standard_normal(shape).astype(np.float32) for shape in ((1, 512), (512, 1000), (1000,))]
+    result = tvm.runtime.tensor(np.zeros((1, 1000), np.float32))
+    tvm.compile(sch.mod, target=TARGET)(*(tvm.runtime.tensor(x) for x in args), result)
+    np.testing.assert_allclose(result.numpy(), args[0] @ args[1] + args[2], rtol=1e-4, atol=1e-4)
+
+
+def test_seeds_of_a_classifier_with_a_predicated_bias_add_build_and_compute_it() -> None:
+    # 1000 classes: the bias add's vector blocks are predicated, which the schedule's debug verification
+    # took for an error (it failed the whole job of every ResNet under cpu-poly).
+    seeds = seed_schedules(_context(_classifier()), MachineModel(16, 2, CACHES), 3)
+    assert seeds
     for sch in seeds:
-        result = tvm.runtime.tensor(np.zeros((1, 1000), np.float32))
-        tvm.compile(sch.mod, target=TARGET)(*(tvm.runtime.tensor(x) for x in args), result)
-        np.testing.assert_allclose(result.numpy(), args[0] @ args[1] + args[2], rtol=1e-4, atol=1e-4)
+        _assert_computes_the_classifier(sch, 0)
+
+
+def test_an_unmeasured_seed_accumulates_per_tile_fully_unrolled_and_computes_the_model() -> None:
+    # The classifier's matmul has an epilogue: a space that fuses it at a tile loop exists and comes first.
+    context = _context(_classifier())
+    spaces = [s.trace for s in context.space_generator.generate_design_space(context.mod)]
+    assert not any(i.kind.name in ("CacheWrite", "ReverseComputeAt") for i in spaces[0].insts)  # the default
+
+    (sch,) = seed_schedules(context, MachineModel(16, 2, CACHES), 1, unmeasured=True)
+
+    kinds = [inst.kind.name for inst in sch.trace.insts]
+    assert "ReverseComputeAt" in kinds or "CacheWrite" in kinds
+    unroll = [
+        inst
+        for inst in sch.trace.insts
+        if inst.kind.name == "SampleCategorical" and inst in sch.trace.decisions
+    ]
+    assert unroll
+    for inst in unroll:
+        candidates = [int(c) for c in inst.attrs[0]]
+        assert int(sch.trace.decisions[inst]) == candidates.index(max(candidates))
+    _assert_computes_the_classifier(sch, 1)
+
+
+def test_only_a_reduction_over_one_axis_counts_as_matmul_like_for_unmeasured_seeds() -> None:
+    # A 3x3 convolution keeps its spaces' order and samples unmeasured (measured over ResNet-18, per-tile
+    # accumulation and full unrolling slowed it down); a matmul and a pointwise convolution do not.
+    def conv(window: int) -> tvm.IRModule:
+        x = te.placeholder((1, 10, 10, 16), name="x")
+        w = te.placeholder((window, window, 16, 32), name="w")
+        ry, rx = te.reduce_axis((0, window), "ry"), te.reduce_axis((0, window), "rx")
+        rc = te.reduce_axis((0, 16), "rc")
+        out = te.compute(
+            (1, 11 - window, 11 - window, 32),
+            lambda n, h, v, f: te.sum(x[n, h + ry, v + rx, rc] * w[ry, rx, rc, f], axis=[ry, rx, rc]),
+            name="conv",
+        )
+        return tvm.IRModule({"main": te.create_prim_func([x, w, out]).with_attr("layout_free_buffers", [1])})
+
+    def one_axis(mod: tvm.IRModule) -> bool:
+        context = _context(mod)
+        (space, *_) = context.space_generator.generate_design_space(context.mod)
+        return _reduces_over_one_axis([(traced, []) for traced in traced_tilings(space.trace)])
+
+    assert not one_axis(conv(3))
+    assert one_axis(conv(1))
+    assert one_axis(_matmul())
 
 
 def test_the_pruner_rejects_overflowing_tiles_softly_and_counts() -> None:

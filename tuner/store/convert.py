@@ -99,6 +99,7 @@ def task_entity(row: TaskRow, shash: str) -> Task:
         trials=row.trials,
         best_latency_us=row.best_latency_us,
         search_stats=json.loads(row.search_stats_json) if row.search_stats_json else None,
+        schedule_source=row.schedule_source,
     )
 
 

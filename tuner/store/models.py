@@ -146,6 +146,8 @@ class TaskRow(Base):
     position: Mapped[int] = mapped_column(sa.Integer)
     #: What the schedule space's hooks did in the task's search (JSON), for spaces that keep statistics.
     search_stats_json: Mapped[str | None] = mapped_column(sa.Text)
+    #: Where the schedule compiled into the job's model came from (tuner.schedule_choice.ScheduleSource).
+    schedule_source: Mapped[str | None] = mapped_column(sa.String(16))
     #: The tuned kernel's assembly as compiled into the job's model (zlib), and its instruction mix (JSON);
     #: loaded only when asked for.
     asm_zlib: Mapped[bytes | None] = mapped_column(sa.LargeBinary, deferred=True)

@@ -132,6 +132,12 @@ class RecordQueries(StoreBase):
             shash = s.scalar(sa.select(WorkloadRow.shash).where(WorkloadRow.id == row.workload_id))
             return task_entity(row, shash or "")
 
+    def set_schedule_sources(self, sources: dict[int, str]) -> None:
+        """Keep where each task's compiled schedule came from (task id -> source)."""
+        with self.session_scope() as s:
+            for task_id, source in sources.items():
+                s.execute(sa.update(TaskRow).where(TaskRow.id == task_id).values(schedule_source=source))
+
     def set_search_stats(self, task_id: int, stats: dict[str, Any]) -> Task:
         """Keep what the space's hooks did in a task's search (replacing an earlier attempt's figures)."""
         with self.session_scope() as s:

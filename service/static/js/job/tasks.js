@@ -10,7 +10,17 @@ const COLUMNS = [
   ["best_latency_us", "Best", (t) => fmtUs(t.best_latency_us), true],
   ["gflops", "GFLOP/s", (t) => fmt(t.gflops, 1), true],
   ["share", "Share of time", (t) => (t.share === null ? "–" : `${(100 * t.share).toFixed(1)} %`), true],
+  ["schedule_source", "Schedule", (t) => t.schedule_source ?? "–", false],
 ];
+
+// What each schedule source means, as the Schedule cell's tooltip.
+const SOURCES = {
+  tuned: "the best measured record of this kernel on this target",
+  rule: "a default rule's schedule (reductions, GEMV, transposes), not measured",
+  model: "the polyhedral model's best-ranked tiling, not measured",
+  sampled: "a sample of MetaSchedule's design space, parallel and vectorised, not measured",
+  none: "unscheduled: serial loops",
+};
 
 function sorted(tasks, { key, desc }) {
   if (!key) return tasks;
@@ -37,7 +47,9 @@ export function taskTable() {
     }, label));
     fill(el, h("table", {}, h("thead", {}, h("tr", {}, header)),
       h("tbody", {}, sorted(tasks, sort).map((t) => h("tr", { dataset: { task: t.id } }, COLUMNS.map(([k, , get, num]) =>
-        k === "name" ? h("td", { class: "name", title: t.name }, get(t)) : h("td", { class: num ? "num" : "" }, get(t))))))));
+        k === "name" ? h("td", { class: "name", title: t.name }, get(t))
+          : k === "schedule_source" ? h("td", { class: "source", title: SOURCES[t.schedule_source] ?? "not compiled yet" }, get(t))
+            : h("td", { class: num ? "num" : "" }, get(t))))))));
   }
   return { el, render };
 }
