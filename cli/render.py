@@ -58,7 +58,7 @@ def fmt(value: float | None, spec: str = ".1f", none: str = "-") -> str:
 
 def task_table(tasks: list[Task], title: str) -> Table:
     """A job's tasks: weight, work, trials, best latency, the GFLOP/s it reaches and where the compiled
-    schedule came from (tuned, rule, model, sampled, none)."""
+    schedule came from (tuned, similar, rule, model, sampled, none)."""
     from tuner.tune import gflops
 
     table = Table(title=title)

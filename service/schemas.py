@@ -437,10 +437,11 @@ class TaskOut(EntityOut):
         "despite the model, seeds measured, and the caches they held tiles against); null for spaces "
         "without hooks",
     )
-    schedule_source: Literal["tuned", "rule", "model", "sampled", "none"] | None = Field(
+    schedule_source: Literal["tuned", "similar", "rule", "model", "sampled", "none"] | None = Field(
         default=None,
         description="Where the schedule compiled into the model came from: tuned (the best measured record), "
-        "rule (a default rule), model (the polyhedral model's best-ranked tiling, unmeasured), sampled (a "
+        "similar (the best record of the same operator at the nearest other shape measured on this target, "
+        "its tiles adapted, unmeasured at this shape), rule (a default rule), model (the polyhedral model's best-ranked tiling, unmeasured), sampled (a "
         "design-space sample, unmeasured) or none (serial loops); null until the job compiled",
     )
 

@@ -716,8 +716,9 @@ class Task:
     #: What the space's hooks did in this task's search (cpu-poly: examined, rejected, passed_through,
     #: seeds, and the caches they held tiles against), when the space keeps statistics.
     search_stats: dict[str, Any] | None = None
-    #: Where the schedule compiled into the job's model came from: ``tuned`` (a measured record), ``rule``,
-    #: ``model`` (the polyhedral model's tiling), ``sampled`` or ``none``; None until the job compiled.
+    #: Where the schedule compiled into the job's model came from: ``tuned`` (a measured record),
+    #: ``similar`` (a record of the same operator at another shape), ``rule``, ``model`` (the polyhedral
+    #: model's tiling), ``sampled`` or ``none``; None until the job compiled.
     schedule_source: str | None = None
 
     @property

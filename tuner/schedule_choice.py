@@ -2,7 +2,9 @@
 from Kiln's store, or else a schedule Kiln builds without measuring anything.
 
 Unscheduled TIR compiles to serial loops (TVM's untuned baseline is ~100x slower than a tuned model on a
-ResNet). A kernel without a record therefore takes, in this order: a default rule's schedule
+ResNet). A kernel without a record therefore takes, in this order: the best record of the nearest-shaped
+workload of its family measured on this target, replayed with its tiles adapted (:mod:`schedules.transfer`),
+a default rule's schedule
 (:mod:`schedules.defaults`: reductions, GEMV, transposes), the polyhedral model's best-ranked tiling
 (:func:`schedules.poly.search.seed_schedules`: matmuls and convolutions), or a sample of MetaSchedule's
 design space with its postprocessors applied (elementwise kernels: parallel, vectorised). All of them go
@@ -24,6 +26,7 @@ from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, space_for
+from schedules.transfer import transferred_schedule
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,7 @@ class ScheduleSource(str, Enum):
     """Where a kernel's schedule came from."""
 
     TUNED = "tuned"  # the best measured record in Kiln's store
+    SIMILAR = "similar"  # a measured record of the same operator at other shapes, its tiles adapted
     RULE = "rule"  # a default rule (schedules.defaults)
     MODEL = "model"  # the polyhedral model's best-ranked tiling, not measured
     SAMPLED = "sampled"  # a sample of MetaSchedule's design space, not measured
@@ -73,7 +77,9 @@ def choose_schedules(
                 )
             )
         else:
-            source, sch = untuned_schedule(mod, target, str(task.task_name), caches)
+            source, sch = _transferred(store_database, mod, target, str(task.task_name), caches)
+            if sch is None:
+                source, sch = untuned_schedule(mod, target, str(task.task_name), caches)
             if sch is not None:
                 memory.commit_tuning_record(
                     ms.database.TuningRecord(
@@ -100,6 +106,27 @@ def _tuned_record(store_database: Any | None, mod: Any) -> tuple[ScheduleSource,
     return ScheduleSource.TUNED, (sum(secs) / len(secs) * 1e3 if secs else None), best[0]
 
 
+def _transferred(
+    store_database: Any | None, mod: Any, target: Target, task_name: str, caches: CacheHierarchy
+) -> tuple[ScheduleSource, s_tir.Schedule | None]:
+    """The first of the nearest similar workloads' best records that replays on ``mod``."""
+    similar = getattr(store_database, "similar_records", None)
+    if similar is None:
+        return ScheduleSource.NONE, None
+    records = similar(mod)
+    if not records:
+        return ScheduleSource.NONE, None
+    cores = int(target.attrs.get("num-cores", physical_core_count())) if target.kind.name == "llvm" else 1
+    space = "cpu" if target.kind.name == "llvm" else None
+    postprocs = list(_context(mod, target, task_name, space, caches, cores).space_generator.postprocs)
+    for record in records:
+        sch = transferred_schedule(record.trace, mod, postprocs)
+        if sch is not None:
+            return ScheduleSource.SIMILAR, sch
+    log.info("no record of a workload similar to %s replays on it", task_name)
+    return ScheduleSource.NONE, None
+
+
 def untuned_schedule(
     mod: Any, target: Target, task_name: str, caches: CacheHierarchy
 ) -> tuple[ScheduleSource, s_tir.Schedule | None]:
@@ -123,7 +150,9 @@ def untuned_schedule(
     return (ScheduleSource.SAMPLED, sampled) if sampled is not None else (ScheduleSource.NONE, None)
 
 
-def _context(mod: Any, target: Target, task_name: str, space: str, caches: CacheHierarchy, cores: int) -> Any:
+def _context(
+    mod: Any, target: Target, task_name: str, space: str | None, caches: CacheHierarchy, cores: int
+) -> Any:
     return ms.TuneContext(
         mod=mod,
         target=target,

@@ -21,6 +21,7 @@ from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import PruningStats, seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, default_space_name, get_space, space_for
+from schedules.transfer import transferred_schedule
 from tuner.entities import RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
@@ -340,6 +341,8 @@ def _measure_seeds(
 ) -> dict[int, int]:
     """Measure and store each task's seed schedules (a batch per task); returns how many each got.
 
+    A task's first seeds are the best records of the nearest-shaped workloads of its family (the same
+    operator at other shapes), replayed with their tiles adapted; the polyhedral model's tilings follow.
     Within a trial ``limit``, each task gets at most half of its share of it, so that a small budget still
     measures every task and leaves the search its turn. The ``warm`` tasks get none. No task is seeded
     once ``stop()`` says so (checked before each task's seeds are generated).
@@ -358,12 +361,24 @@ def _measure_seeds(
         left = None if limit is None else limit - sum(counts.values())
         if left is not None and left <= 0:
             break
-        schedules = seed_schedules(context, machine, per_task if left is None else min(per_task, left))
+        wanted = per_task if left is None else min(per_task, left)
+        transferred = _transferred_seeds(database, context, wanted)
+        schedules = transferred + seed_schedules(context, machine, wanted - len(transferred))
         candidates = [(index, tasks[index].dispatched[0], sch) for sch in schedules]
         measure_schedules(candidates, tasks, target, database, builder, runner, on_batch, "seed")
         if candidates:
             counts[index] = len(candidates)
     return counts
+
+
+def _transferred_seeds(database: Any, context: Any, count: int) -> list[Any]:
+    """Up to ``count`` (at most 2) schedules transferred from similar workloads' best records."""
+    similar = getattr(database, "similar_records", None)
+    if similar is None or count <= 0:
+        return []
+    postprocs = list(context.space_generator.postprocs)
+    schedules = (transferred_schedule(r.trace, context.mod, postprocs) for r in similar(context.mod, k=2))
+    return [sch for sch in schedules if sch is not None][:count]
 
 
 def _seed_phase_stop(should_stop: StopCheck | None, time_left_s: TimeLeft | None) -> StopCheck:

@@ -165,6 +165,25 @@ def test_a_failing_on_commit_hook_does_not_lose_the_record(store: Store) -> None
     assert len(db) == 1
 
 
+def test_similar_records_are_the_same_operator_at_the_nearest_other_shape(store: Store) -> None:
+    db = KilnDatabase(store, TARGET_KEY, job_id=make_job(store))
+    for n, secs in ((32, 1e-4), (128, 5e-3), (256, 4e-2)):
+        db.commit_tuning_record(make_record(matmul(n), [secs]))
+    db.commit_tuning_record(make_record(matmul(128), [6e-3]))  # a slower second record of 128
+    KilnDatabase(store, OTHER_TARGET_KEY).commit_tuning_record(make_record(matmul(96), [1e-3]))
+    # A workload stored before families were kept: its family is computed when first looked for.
+    legacy = matmul(48)
+    store.add_workload(structural_hash(legacy), json.dumps(ms.database.Workload(legacy).as_json()), "#")
+    db.commit_tuning_record(make_record(legacy, [2e-4]))
+
+    similar = KilnDatabase(store, TARGET_KEY).similar_records(matmul(100), k=3)
+    # Nearest first (128, 48, then 256 before 32), each workload's best record, none of the other target.
+    assert [tuple(r.args_info[0].shape)[0] for r in similar] == [128, 48, 256]
+    assert [float(r.run_secs[0]) for r in similar] == pytest.approx([5e-3, 2e-4, 4e-2])
+    assert [tuple(r.args_info[0].shape)[0] for r in db.similar_records(matmul(128), k=5)] == [256, 48, 32]
+    assert db.similar_records(matmul(100), k=0) == []
+
+
 @pytest.mark.slow
 def test_tune_tir_writes_records_that_survive_a_reopen(store: Store, tmp_path: Path) -> None:
     register_cpu_tensor_intrinsics()

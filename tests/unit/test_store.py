@@ -37,8 +37,9 @@ TARGET = "llvm -mcpu=znver4 -num-cores=2"
 OTHER_TARGET = "llvm -mcpu=skylake-avx512 -num-cores=4"
 
 
-def add_model(store: Store, sha: str = "a" * 64, name: str = "mlp") -> ModelInfo:
+def add_model(store: Store, sha: str = "a" * 64, name: str = "mlp", owner: str = "") -> ModelInfo:
     model, _ = store.add_model(
+        owner=owner,
         name=name,
         format=ModelFormat.ONNX,
         sha256=sha,
@@ -612,3 +613,41 @@ def test_artifacts(store: Store) -> None:
         store.add_artifact(job_id, "other.so", "8" * 64, 1)
     assert str(conflict.value) == f"job '{job_id}' already has an artifact"
     assert store.get_artifact(job_id) == artifact
+
+
+def test_family_workloads_are_those_measured_on_the_target_most_recent_first(store: Store) -> None:
+    mine, theirs = (
+        store.create_job(spec_for(add_model(store, sha * 64, owner=owner).id), TARGET, owner=owner).id
+        for sha, owner in (("b", "ann"), ("c", "bob"))
+    )
+    old = store.add_workload("1", "[1]", "#", family="f")
+    new = store.add_workload("2", "[2]", "#", family="f")
+    failed = store.add_workload("3", "[3]", "#", family="f")
+    elsewhere = store.add_workload("4", "[4]", "#", family="f")
+    other_family = store.add_workload("5", "[5]", "#", family="g")
+    add_record(store, old, [1e-3], job_id=mine)
+    add_record(store, new, [2e-3], job_id=theirs)
+    add_record(store, failed, [1e10], job_id=mine, error="build failed")  # never measured validly
+    add_record(store, elsewhere, [1e-3], target_key=OTHER_TARGET)
+    add_record(store, other_family, [1e-3], job_id=mine)
+    add_record(store, old, [3e-3], job_id=mine)  # measured again, after `new`
+
+    assert [w.id for w in store.family_workloads("f", TARGET)] == [old, new]
+    assert [w.id for w in store.family_workloads("f", TARGET, limit=1)] == [old]
+    assert [w.id for w in store.family_workloads("f", TARGET, owner="bob")] == [new]
+    assert [w.id for w in store.family_workloads("f", OTHER_TARGET)] == [elsewhere]
+    assert store.family_workloads("h", TARGET) == []
+    assert [w.workload_json for w in store.family_workloads("g", TARGET)] == ["[5]"]
+
+
+def test_workloads_stored_before_families_get_theirs_once(store: Store) -> None:
+    legacy = store.add_workload("1", "[1]", "#")  # no family, measured on the target
+    unmeasured = store.add_workload("2", "[2]", "#")
+    add_record(store, legacy, [1e-3])
+    assert [w.id for w in store.workloads_without_family(TARGET)] == [legacy]
+    assert store.workloads_without_family(OTHER_TARGET) == []
+    store.set_workload_families({legacy: "f"})
+    assert store.workloads_without_family(TARGET) == []
+    assert [w.id for w in store.family_workloads("f", TARGET)] == [legacy]
+    store.set_workload_families({unmeasured: ""})  # none: not computed again, never a family's member
+    assert store.family_workloads("", TARGET) == []

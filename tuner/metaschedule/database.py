@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 from kiln_tvm import derived_object, ms, structural_equal, structural_hash, tuning_record_json, tvm
+from schedules.transfer import iteration_extents, shape_distance, workload_family
 from tuner.store.sql import Store
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,40 @@ class KilnDatabase(ms.database.PyDatabase):
             return found[0]
         workload = Workload(mod)
         shash = structural_hash(mod)
-        workload_id = self.store.add_workload(shash, json.dumps(workload.as_json()), mod.script())
+        workload_id = self.store.add_workload(
+            shash, json.dumps(workload.as_json()), mod.script(), workload_family(mod)
+        )
         self._remember(shash, workload_id, workload)
         return workload_id
+
+    def similar_records(self, mod: tvm.IRModule, k: int = 3) -> list[TuningRecord]:
+        """The best record of each of the ``k`` stored workloads of ``mod``'s family (the same operator
+        at other shapes) measured on this database's target, the nearest shape first; ``mod`` itself is
+        left out. Workloads stored before families were kept get theirs computed here, once."""
+        family = workload_family(mod)
+        if family is None or k <= 0:
+            return []
+        self._compute_missing_families()
+        own = self.workload_id(mod)
+        extents = iteration_extents(mod)
+        ranked: list[tuple[float, int, Workload]] = []
+        for stored in self.store.family_workloads(family, self.target_key, self.owner):
+            if stored.id == own:
+                continue
+            workload = self._load(stored.id, stored.workload_json)
+            ranked.append((shape_distance(extents, iteration_extents(workload.mod)), stored.id, workload))
+        ranked.sort(key=lambda item: (item[0], -item[1]))
+        records = []
+        for _, _, workload in ranked[:k]:
+            records.extend(self.get_top_k(workload, 1))
+        return records
+
+    def _compute_missing_families(self) -> None:
+        missing = self.store.workloads_without_family(self.target_key)
+        if missing:
+            self.store.set_workload_families(
+                {w.id: workload_family(self._load(w.id, w.workload_json).mod) or "" for w in missing}
+            )
 
     # ---- PyDatabase interface ----------------------------------------------------------------------
 

@@ -128,6 +128,9 @@ class WorkloadRow(Base):
     workload_json: Mapped[str] = mapped_column(sa.Text)
     tir_script: Mapped[str] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: The same operator at other shapes shares it (schedules.transfer.workload_family); None: not yet
+    #: computed (a workload stored before 0012) or not one PrimFunc.
+    family: Mapped[str | None] = mapped_column(sa.String(32), index=True)
 
 
 class TaskRow(Base):

@@ -40,10 +40,11 @@ class RecordQueries(StoreBase):
             )
             return [StoredWorkload(wid, wjson) for wid, wjson in rows]
 
-    def add_workload(self, shash: str, workload_json: str, tir_script: str) -> int:
+    def add_workload(self, shash: str, workload_json: str, tir_script: str, family: str | None = None) -> int:
         """Store a workload and return its id; an identical one (same hash and JSON) is reused.
 
         Structurally equal workloads with different JSON are told apart by the caller, which has TVM.
+        ``family``: what it shares with the same operator at other shapes (see :meth:`family_workloads`).
         """
         with self.session_scope() as s:
             if self.backend == "postgresql":
@@ -56,10 +57,54 @@ class RecordQueries(StoreBase):
             ).first()
             if existing is not None:
                 return existing
-            row = WorkloadRow(shash=shash, workload_json=workload_json, tir_script=tir_script)
+            row = WorkloadRow(shash=shash, workload_json=workload_json, tir_script=tir_script, family=family)
             s.add(row)
             s.flush()
             return row.id
+
+    def family_workloads(
+        self, family: str, target_key: str, owner: str | None = None, limit: int = 64
+    ) -> list[StoredWorkload]:
+        """The workloads of ``family`` with a valid record on ``target_key`` (of ``owner``'s jobs when
+        given), the most recently measured first, at most ``limit``."""
+        measured = of_owner(
+            sa.select(TuningRecordRow.workload_id, sa.func.max(TuningRecordRow.id).label("last"))
+            .where(
+                TuningRecordRow.target_key == target_key,
+                TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
+            )
+            .group_by(TuningRecordRow.workload_id),
+            owner,
+        ).subquery()
+        query = (
+            sa.select(WorkloadRow.id, WorkloadRow.workload_json)
+            .join(measured, measured.c.workload_id == WorkloadRow.id)
+            .where(WorkloadRow.family == family)
+            .order_by(measured.c.last.desc())
+            .limit(limit)
+        )
+        with self.session_scope(write=False) as s:
+            return [StoredWorkload(wid, wjson) for wid, wjson in s.execute(query)]
+
+    def workloads_without_family(self, target_key: str, limit: int = 256) -> list[StoredWorkload]:
+        """Workloads measured on ``target_key`` whose family was never computed (stored before it was
+        kept), for the caller, which has TVM, to compute it."""
+        measured = sa.select(TuningRecordRow.workload_id).where(TuningRecordRow.target_key == target_key)
+        query = (
+            sa.select(WorkloadRow.id, WorkloadRow.workload_json)
+            .where(WorkloadRow.family.is_(None), WorkloadRow.id.in_(measured))
+            .order_by(WorkloadRow.id)
+            .limit(limit)
+        )
+        with self.session_scope(write=False) as s:
+            return [StoredWorkload(wid, wjson) for wid, wjson in s.execute(query)]
+
+    def set_workload_families(self, families: dict[int, str]) -> None:
+        """Keep the families computed for stored workloads (workload id -> family; "" for a workload
+        that has none, so that it is not computed again)."""
+        with self.session_scope() as s:
+            for workload_id, family in families.items():
+                s.execute(sa.update(WorkloadRow).where(WorkloadRow.id == workload_id).values(family=family))
 
     def get_workload_script(self, workload_id: int) -> str:
         """The TVMScript of a workload."""

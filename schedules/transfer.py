@@ -1,0 +1,133 @@
+"""Schedules transferred from a similar workload: a measured trace re-applied to a kernel of the same
+operator with other shapes, its tile sizes adapted to the new extents (transfer-tuning, Gibson et al.,
+PACT'22).
+
+Two workloads are of one **family** when their TIR has the same blocks in the same order (names, spatial
+and reduction iterators, the dtype and rank of every buffer they read and write): a convolution with a
+bias and a ReLU at 56x56x64 and at 28x28x128, or a matmul at any M, N, K. A MetaSchedule trace names its
+blocks and loops by position, so it replays on any workload of its family; only its tile decisions
+(``SamplePerfectTile``: factors whose product is a loop's extent) depend on the shapes. Each is adapted:
+from the innermost level out, the divisor of what is left of the new extent closest (by ratio) to the
+old factor, the outermost level taking the rest. The replayed schedule then goes through the space's
+postprocessors like any candidate, so a transfer that does not fit is refused there, not compiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from kiln_tvm import ms, s_tir, tvm
+
+#: The instruction whose decisions are tile factors of one loop.
+_PERFECT_TILE = "SamplePerfectTile"
+#: What TVM raises (through its FFI) when a trace does not replay or a block is not where it expects.
+_TVM_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError)
+
+
+def _top_blocks(func: Any) -> list[Any]:
+    sch = s_tir.Schedule(func)
+    return [sch.get(block) for block in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def _main(mod: Any) -> Any:
+    funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    return funcs[0] if len(funcs) == 1 else None
+
+
+def _regions(regions: Sequence[Any]) -> str:
+    return ",".join(f"{r.source.dtype}/{len(r.region)}" for r in regions)
+
+
+def workload_family(mod: Any) -> str | None:
+    """The family of a task's module (see the module docstring): 16 hex digits, the same for the same
+    operator at other shapes; None when ``mod`` is not one unscheduled PrimFunc."""
+    func = _main(mod)
+    if func is None:
+        return None
+    try:
+        blocks = _top_blocks(func)
+    except _TVM_ERRORS:
+        return None
+    if not blocks:
+        return None
+    params = ",".join(
+        f"{arg.dtype}/{len(getattr(arg, 'shape', ()))}" for arg in ms.arg_info.ArgInfo.from_prim_func(func)
+    )
+    parts = [params] + [
+        f"{b.name_hint}:{''.join(str(int(iv.iter_type)) for iv in b.iter_vars)}:{_regions(b.reads)}:"
+        f"{_regions(b.writes)}"
+        for b in blocks
+    ]
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+
+
+def iteration_extents(mod: Any) -> list[int]:
+    """Every block iterator's extent, block by block (0 for a symbolic one): a workload's shape, to rank
+    the members of a family by how close their shapes are."""
+    func = _main(mod)
+    if func is None:
+        return []
+    return [
+        int(iv.dom.extent) if isinstance(iv.dom.extent, tvm.tirx.IntImm) else 0
+        for block in _top_blocks(func)
+        for iv in block.iter_vars
+    ]
+
+
+def shape_distance(a: Sequence[int], b: Sequence[int]) -> float:
+    """How far two shapes of one family are: the sum of |log2| of their extents' ratios (inf when their
+    iterators differ in number or either is symbolic)."""
+    if len(a) != len(b) or any(x <= 0 or y <= 0 for x, y in zip(a, b, strict=True)):
+        return math.inf
+    return sum(abs(math.log2(x / y)) for x, y in zip(a, b, strict=True))
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def adapted_tiles(factors: Sequence[int], extent: int, max_innermost: int = 0) -> list[int]:
+    """Tile factors for a loop of ``extent`` as close as the divisors allow to ``factors`` (a perfect
+    tiling of another extent): innermost level first, each the divisor of what is left nearest by ratio
+    to the old factor (the larger of two as near), the innermost no more than ``max_innermost`` (> 0),
+    the outermost the rest. Their product is ``extent``."""
+    new = [1] * len(factors)
+    left = extent
+    for level in range(len(factors) - 1, 0, -1):
+        cap = max_innermost if level == len(factors) - 1 and max_innermost > 0 else left
+        want = max(1, int(factors[level]))
+        choices = [d for d in _divisors(left) if d <= cap]
+        new[level] = min(choices, key=lambda d: (abs(math.log(d / want)), -d))
+        left //= new[level]
+    new[0] = left
+    return new
+
+
+def transferred_schedule(trace: Any, mod: Any, postprocs: Sequence[Any]) -> s_tir.Schedule | None:
+    """``trace`` (measured on another workload of ``mod``'s family) replayed on ``mod`` with its tiles
+    adapted, and ``postprocs`` applied; None when it does not replay or a postprocessor refuses it."""
+    sch = s_tir.Schedule(mod, seed=1)
+
+    def adapt(inst: Any, inputs: list[Any], attrs: list[Any], decision: Any) -> Any:
+        if inst.kind.name != _PERFECT_TILE or decision is None:
+            return decision
+        extent = sch.get(inputs[0]).extent
+        if not isinstance(extent, tvm.tirx.IntImm):
+            return decision
+        factors = [int(f) for f in decision]
+        if math.prod(factors) == int(extent):
+            return decision
+        return adapted_tiles(factors, int(extent), int(attrs[1]))
+
+    try:
+        trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=adapt)
+        sch.enter_postproc()
+        if all(p.apply(sch) for p in postprocs):
+            return sch
+    except _TVM_ERRORS:
+        return None
+    return None

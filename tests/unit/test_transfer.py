@@ -1,0 +1,122 @@
+"""Schedules transferred between workloads of one family: the family key, the adapted tile factors, and a
+matmul's trace replayed on another shape computing the right result."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kiln_tvm import ms, s_tir, tvm
+from schedules.spaces import space_for
+from schedules.transfer import (
+    adapted_tiles,
+    iteration_extents,
+    shape_distance,
+    transferred_schedule,
+    workload_family,
+)
+from tuner.targets import host_target, to_tvm_target
+
+TARGET = to_tvm_target(host_target())
+te = tvm.te
+
+
+def matmul(m: int, n: int, k: int, relu: bool = True, dtype: str = "float32") -> Any:
+    """``max(A @ B, 0)`` (or ``A @ B``) as one task's module."""
+    a = te.placeholder((m, k), name="A", dtype=dtype)
+    b = te.placeholder((k, n), name="B", dtype=dtype)
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    if not relu:
+        return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    d = te.compute((m, n), lambda i, j: te.max(c[i, j], tvm.tirx.const(0, dtype)), name="D")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, d])})
+
+
+def _postprocs(mod: Any) -> list[Any]:
+    context = ms.TuneContext(
+        mod=mod, target=TARGET, space_generator=space_for(TARGET, "cpu"), task_name="t", num_threads=2
+    ).clone()
+    return list(context.space_generator.postprocs)
+
+
+def _sampled_trace(mod: Any, seed: int) -> Any:
+    """A design-space sample of ``mod`` (its random tile decisions), as a measured record's trace is."""
+    context = ms.TuneContext(
+        mod=mod, target=TARGET, space_generator=space_for(TARGET, "cpu"), task_name="t", rand_state=seed
+    ).clone()
+    space = context.space_generator.generate_design_space(mod)[0]
+    sch = s_tir.Schedule(mod, seed=seed)
+    space.trace.apply_to_schedule(sch, remove_postproc=True)
+    return sch.trace
+
+
+def _tile_decisions(trace: Any) -> list[list[int]]:
+    return [
+        [int(f) for f in decision]
+        for inst, decision in trace.decisions.items()
+        if inst.kind.name == "SamplePerfectTile"
+    ]
+
+
+def test_one_operator_at_other_shapes_is_one_family_and_another_operator_is_not() -> None:
+    family = workload_family(matmul(64, 128, 256))
+    assert family is not None and len(family) == 16
+    assert workload_family(matmul(96, 48, 512)) == family
+    assert workload_family(matmul(64, 128, 256, relu=False)) != family  # another epilogue
+    assert workload_family(matmul(64, 128, 256, dtype="float16")) != family  # another dtype
+    assert iteration_extents(matmul(64, 128, 256)) == [64, 128, 256, 64, 128]
+
+
+def test_shape_distance_is_the_sum_of_log_ratios() -> None:
+    assert shape_distance([64, 128], [64, 128]) == 0
+    assert shape_distance([64, 128], [32, 512]) == pytest.approx(3.0)
+    assert shape_distance([64], [64, 1]) == math.inf  # another number of iterators
+    assert shape_distance([0, 8], [4, 8]) == math.inf  # a symbolic extent
+
+
+@pytest.mark.parametrize(
+    ("factors", "extent", "cap", "expected"),
+    [
+        ([1, 4, 8, 2], 64, 64, [1, 4, 8, 2]),  # the same extent: unchanged
+        ([1, 4, 8, 2], 96, 64, [2, 3, 8, 2]),  # 96 = 2 x 48: 2, 8 kept, 3 nearest 4 that divides 6
+        ([1, 2, 8, 8], 48, 64, [1, 1, 6, 8]),
+        ([4, 16], 7, 64, [1, 7]),  # a prime extent: its one divisor nearest 16
+        ([2, 64], 256, 16, [16, 16]),  # the innermost held to its cap
+        ([32, 1, 1], 1, 64, [1, 1, 1]),
+    ],
+)
+def test_tiles_are_adapted_to_the_new_extent(
+    factors: list[int], extent: int, cap: int, expected: list[int]
+) -> None:
+    adapted = adapted_tiles(factors, extent, cap)
+    assert adapted == expected
+    assert math.prod(adapted) == extent
+
+
+def test_a_trace_replays_on_another_shape_with_its_tiles_adapted_and_computes_the_product() -> None:
+    source = matmul(64, 128, 256)
+    trace = _sampled_trace(source, seed=5)
+    new = matmul(96, 48, 512)
+    sch = transferred_schedule(trace, new, _postprocs(new))
+    assert sch is not None
+    # Every tile decision now multiplies out to the new loop it splits: i 96, j 48, k 512.
+    assert sorted(math.prod(d) for d in _tile_decisions(sch.trace)) == [48, 96, 512]
+    assert sorted(math.prod(d) for d in _tile_decisions(trace)) == [64, 128, 256]
+
+    lib = tvm.compile(sch.mod, target=TARGET)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((96, 512)).astype(np.float32)
+    w = rng.standard_normal((512, 48)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((96, 48), np.float32))
+    lib(tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-3)
+
+
+def test_a_trace_of_another_family_does_not_replay() -> None:
+    trace = _sampled_trace(matmul(64, 128, 256), seed=5)
+    other = matmul(64, 128, 256, relu=False)  # no block D for the trace to find
+    assert transferred_schedule(trace, other, _postprocs(other)) is None
