@@ -23,7 +23,7 @@ from schedules.spaces import SpaceOptions, check_space, default_space_name, get_
 from tuner.artifact import export_library, pack_artifact
 from tuner.assembly import instruction_mix, kernel_assembly, split_functions
 from tuner.compile import build_tuned, build_untuned, model_assembly, random_inputs
-from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, ModelInfo, Task
+from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, MachineLimits, ModelInfo, Task
 from tuner.errors import InvalidSpec, KilnError, MissingInputShape, TuningFailed
 from tuner.failures import crash_report_path, describe_failure, write_crash_report
 from tuner.frontend import ImportedModel, check_given_shape, load_model
@@ -301,6 +301,7 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
                 on_batch=recorder.on_batch,
                 should_stop=should_stop,
                 time_left_s=clock.remaining_s,
+                limits=_measuring_host_limits(store, spec),
             )
             for index, stats in report.search_stats.items():
                 store.set_search_stats(recorder.tasks[index].id, stats)
@@ -396,6 +397,14 @@ def _keep_profile(
         log.warning("job %s: profiling its tuned model failed: %s", job.id, exc)
         return
     store.set_job_profile(job.id, profile)
+
+
+def _measuring_host_limits(store: Store, spec: JobSpec) -> MachineLimits | None:
+    """This machine's roofs when the job measures its candidates here (the scheduler's rooflines), measured
+    once per host and kept."""
+    if spec.runner.kind != "local" or not is_host_cpu(spec.target):
+        return None
+    return host_limits(store, spec.target)
 
 
 def _float_reference(store: Store, settings: Settings, spec: JobSpec, target: Any) -> FloatReference | None:

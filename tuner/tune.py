@@ -12,17 +12,19 @@ from typing import Any
 from kiln_tvm import (
     METASCHEDULE_LOGGER,
     Target,
+    estimate_flops,
     ms,
     physical_core_count,
     register_cpu_tensor_intrinsics,
 )
+from schedules.anatomy import argument_bytes
 from schedules.loops import fp32_lanes
 from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import PruningStats, seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, default_space_name, get_space, space_for
 from schedules.transfer import transferred_schedule
-from tuner.entities import RunnerSpec
+from tuner.entities import MachineLimits, RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
@@ -190,6 +192,7 @@ def tune_tasks(
     on_batch: BatchListener | None = None,
     should_stop: StopCheck | None = None,
     time_left_s: TimeLeft | None = None,
+    limits: MachineLimits | None = None,
 ) -> TuningReport:
     """Tune extracted tasks with evolutionary search; every measured candidate lands in ``database`` as
     soon as its batch is measured.
@@ -200,6 +203,8 @@ def tune_tasks(
     A seeded space (``cpu-poly``) first measures each task's seed schedules, a batch per task after the
     default schedules, within :data:`SEED_TIME_SHARE` of the time left; they are trials of their tasks
     and the search's first population draws on them.
+    ``limits`` (this machine's measured roofs, for a target run here) give each fp32 task its roofline,
+    which steers the scheduler's trials and ends a task's search once it is close to it.
     Returns where the time went and what the space's hooks did.
     """
     if budget.trials == 0 or not tasks:
@@ -308,7 +313,12 @@ def tune_tasks(
                 cost_model=make_cost_model(config.cost_model, cores),
                 measure_callbacks=callbacks,
                 task_scheduler=KilnTaskScheduler(
-                    should_stop, time_left_s, seed=budget.seed, default_ms=default_ms
+                    should_stop,
+                    time_left_s,
+                    seed=budget.seed,
+                    default_ms=default_ms,
+                    known_ms=_best_known_ms(tasks, database),
+                    floor_ms=roofline_floors_ms(tasks, limits) if limits is not None else None,
                 ),
             )
     finally:
@@ -369,6 +379,33 @@ def _measure_seeds(
         if candidates:
             counts[index] = len(candidates)
     return counts
+
+
+def _best_known_ms(tasks: list[Any], database: Any) -> dict[int, float]:
+    """Each task's best latency measured so far (its seeds, default schedules, earlier jobs' records)."""
+    known: dict[int, float] = {}
+    for index, task in enumerate(tasks):
+        best = database.get_top_k(database.commit_workload(task.dispatched[0]), 1)
+        secs = [float(s) for s in (best[0].run_secs if best else None) or []]
+        if secs:
+            known[index] = sum(secs) / len(secs) * 1e3
+    return known
+
+
+def roofline_floors_ms(tasks: list[Any], limits: MachineLimits) -> dict[int, float]:
+    """Each fp32 task's roofline latency (ms): its FLOPs at the measured fp32 peak or its arguments' bytes
+    at the measured bandwidth, whichever takes longer. Tasks of other dtypes (whose int8 or bf16 units
+    exceed the fp32 peak) and tasks of unknown size get none."""
+    floors: dict[int, float] = {}
+    for index, task in enumerate(tasks):
+        mod = task.dispatched[0]
+        func = next(iter(mod.functions.values()))
+        if any(str(arg.dtype) != "float32" for arg in ms.arg_info.ArgInfo.from_prim_func(func)):
+            continue
+        flops, moved = estimate_flops(mod), argument_bytes(func)
+        if flops > 0 and moved > 0:
+            floors[index] = max(flops / (limits.peak_gflops * 1e6), moved / (limits.bandwidth_gbs * 1e6))
+    return floors
 
 
 def _transferred_seeds(database: Any, context: Any, count: int) -> list[Any]:

@@ -8,6 +8,7 @@ import pytest
 
 from tuner.errors import InvalidSpec
 from tuner.metaschedule.builder import BUILD_TIMEOUT_STEP_S, PooledBuilder, build_timeout
+from tuner.metaschedule.scheduler import KilnTaskScheduler
 from tuner.tune import Budget, _seed_phase_stop, gflops, trials_per_iter
 
 
@@ -89,3 +90,17 @@ def test_a_builder_under_a_time_budget_builds_with_the_time_left() -> None:
         assert builder.current_timeout() == 20.0 and builder.build(inputs)[0].error_msg is None
     finally:
         builder.shutdown()
+
+
+def test_a_task_s_expected_gain_is_its_weighted_headroom_over_its_roofline() -> None:
+    scheduler = KilnTaskScheduler(known_ms={0: 2.0, 1: 2.0, 2: 1.0}, floor_ms={0: 1.9, 1: 0.5})
+    # Task 0 is 0.1 ms above its roofline, task 1 1.5 ms, task 2 has no roofline (its whole 1 ms counts).
+    assert scheduler.expected_gain(0, weight=1) == pytest.approx(0.8 * 0.1)
+    assert scheduler.expected_gain(1, weight=1) == pytest.approx(0.8 * 1.5)
+    assert scheduler.expected_gain(2, weight=3) == pytest.approx(0.8 * 1.0 * 3)
+    assert scheduler.expected_gain(3, weight=1) is None  # nothing measured
+    assert scheduler._steepest([0, 1, 2], [1.0, 1.0, 1.0]) == 1
+    assert scheduler._steepest([0, 1, 2], [1.0, 1.0, 2.0]) == 2  # twice the calls: 1.6 > 1.2
+    # Within 5 % of its roofline a task is done; 0.5 ms off a 2 ms best it is not.
+    assert scheduler._at_roofline(0) and not scheduler._at_roofline(1) and not scheduler._at_roofline(2)
+    assert scheduler.stopped_at_roofline == {0}

@@ -6,12 +6,19 @@ until all are sent: its records are written, and its callbacks run, only after t
 model with 46 tasks that is many minutes in which the job shows no progress and a killed worker loses all
 it measured. Kiln's runner measures each batch before returning (see :mod:`tuner.metaschedule.runner`),
 so nothing is gained by waiting: this scheduler joins every finished batch before it picks the next task.
-The choice itself is the same as MetaSchedule's (``src/s_tir/meta_schedule/task_scheduler/gradient_based.cc``):
-round robin until every task has been measured once, then the task with the largest weighted gradient
-of its best latency.
+The choice follows MetaSchedule's (``src/s_tir/meta_schedule/task_scheduler/gradient_based.cc``): the
+task with the largest weighted gradient of its best latency, the latency it may still shed per trial
+estimated from its recent progress and from its **headroom**, how far its best is above its roofline
+(the least time its FLOPs and bytes take at this machine's measured peak and bandwidth; 0 when unknown,
+which is MetaSchedule's own formula). Trials so go where they can take the most off the model's latency:
+a heavy call far above its roofline before a light one or one already near it. Where MetaSchedule visits
+every task once in turn before choosing, this scheduler starts from the best latency each task already
+has (its seeds, default schedules, an earlier job's records) and only visits, in turn, tasks that have
+none.
 
-A task whose default schedule (measured before the search, :mod:`tuner.metaschedule.defaults`) is at
-least as fast as the best of its first searched batch is not searched further: the rule serves it.
+A task stops being searched when its best is within :data:`ROOFLINE_STOP` of its roofline (nothing left
+to find), or when its default schedule (measured before the search, :mod:`tuner.metaschedule.defaults`)
+is at least as fast as the best of its first searched batch (the rule serves it).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from kiln_tvm import derived_object, ms
 
 NO_TASK = -1  # what next_task_id returns to end the search
 FAILED_MS = 1e9  # MetaSchedule's latency for a candidate that failed to build or run
+#: A task whose best latency reaches this share of its roofline's speed is done (within ~5 % of it).
+ROOFLINE_STOP = 0.95
 
 StopCheck = Callable[[], bool]
 TimeLeft = Callable[[], float | None]  # seconds left of a time budget; None: no time limit
@@ -33,8 +42,12 @@ TimeLeft = Callable[[], float | None]  # seconds left of a time budget; None: no
 
 @derived_object
 class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
-    """Gradient-based task selection that commits each batch at once and stops when told, or before a
-    batch that would not fit in the time left (estimated from the batches so far)."""
+    """Gain-driven task selection that commits each batch at once and stops when told, or before a
+    batch that would not fit in the time left (estimated from the batches so far).
+
+    ``default_ms``: each task's default schedule's latency; ``known_ms``: the best latency each task has
+    before the search; ``floor_ms``: each task's roofline latency (see the module docstring).
+    """
 
     def __init__(
         self,
@@ -44,16 +57,22 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         window_size: int = 3,
         seed: int = 0,
         default_ms: dict[int, float] | None = None,
+        known_ms: dict[int, float] | None = None,
+        floor_ms: dict[int, float] | None = None,
     ) -> None:
         super().__init__()
         self.default_ms = dict(default_ms or {})
+        self.floor_ms = {i: f for i, f in (floor_ms or {}).items() if f > 0}
+        self.searched: dict[int, int] = {}  # batches of the search joined, per task
         self.should_stop = should_stop
         self.time_left_s = time_left_s
         self.alpha = alpha
         self.window_size = window_size
         self.rng = random.Random(seed)
-        self.round_robin_done = 0
-        self.best_history: dict[int, list[float]] = {}
+        self.best_history: dict[int, list[float]] = {
+            i: [best] for i, best in (known_ms or {}).items() if best < FAILED_MS
+        }
+        self.stopped_at_roofline: set[int] = set()
         self.batch_s: list[float] = []  # how long each batch took (search + build + measure)
         self.picked_at: float | None = None
 
@@ -66,13 +85,15 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         if self._must_stop():
             return NO_TASK
         tasks = scheduler.tasks_
+        for task_id, task in enumerate(tasks):
+            if not task.is_terminated and self._at_roofline(task_id):
+                scheduler.terminate_task(task_id)
         alive = [i for i, task in enumerate(tasks) if not task.is_terminated]
         if not alive:
             return NO_TASK
-        unvisited = [i for i in alive if i >= self.round_robin_done]
+        unvisited = [i for i in alive if i not in self.best_history]
         if unvisited:
             task_id = unvisited[0]
-            self.round_robin_done = task_id + 1
         else:
             task_id = self._steepest(alive, [float(tasks[i].task_weight) for i in alive])
             if tasks[task_id].runner_futures is not None:
@@ -80,19 +101,34 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         self.picked_at = time.monotonic()
         return task_id
 
-    def _steepest(self, alive: list[int], weights: list[float]) -> int:
-        """The task whose best latency promises to fall most, weighted (MetaSchedule's formula)."""
-        grads = []
+    def expected_gain(self, task_id: int, weight: float) -> float | None:
+        """The model latency (ms, x ``weight`` calls) a task's next batch may take off: MetaSchedule's
+        gradient with its best latency replaced by its headroom over the roofline; None: nothing valid
+        measured."""
+        history = self.best_history.get(task_id, [])
+        n = len(history)
+        if n == 0 or history[-1] >= FAILED_MS:
+            return None
+        best = history[-1]
         w = self.window_size
+        backward = (history[n - 1 - w] - best) / w if n >= 1 + w else 0.0
+        headroom = max(0.0, best - self.floor_ms.get(task_id, 0.0))
+        return (self.alpha * backward + (1 - self.alpha) * headroom / n) * weight
+
+    def _at_roofline(self, task_id: int) -> bool:
+        floor = self.floor_ms.get(task_id)
+        history = self.best_history.get(task_id)
+        if floor is None or not history or floor < ROOFLINE_STOP * history[-1]:
+            return False
+        self.stopped_at_roofline.add(task_id)
+        return True
+
+    def _steepest(self, alive: list[int], weights: list[float]) -> int:
+        """The task whose weighted best latency promises to fall most (:meth:`expected_gain`)."""
+        grads = []
         for task_id, weight in zip(alive, weights, strict=True):
-            history = self.best_history.get(task_id, [])
-            n = len(history)
-            if n == 0 or history[-1] >= FAILED_MS:
-                grads.append(-1e9)  # nothing valid measured: MetaSchedule skips such a task too
-                continue
-            best = history[-1]
-            backward = (history[n - 1 - w] - best) / w if n >= 1 + w else 0.0
-            grads.append((self.alpha * backward + (1 - self.alpha) * best / n) * weight)
+            gain = self.expected_gain(task_id, weight)
+            grads.append(-1e9 if gain is None else gain)  # nothing valid measured: MetaSchedule skips it
         if max(grads) == min(grads):
             return self.rng.choice(alive)
         return alive[grads.index(max(grads))]
@@ -112,7 +148,13 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         history = self.best_history.setdefault(task_id, [])
         default = self.default_ms.get(task_id, FAILED_MS)
         history.append(min(batch_best, history[-1] if history else default))
-        if len(history) == 1 and default < FAILED_MS and batch_best >= default:
+        self.searched[task_id] = self.searched.get(task_id, 0) + 1
+        if (
+            self.searched[task_id] == 1
+            and default < FAILED_MS
+            and batch_best >= default
+            or self._at_roofline(task_id)
+        ):
             scheduler.terminate_task(task_id)
 
     # -- stopping -----------------------------------------------------------------------------------------
