@@ -762,6 +762,29 @@ class StoredRecord(NamedTuple):
     record_json: str
 
 
+@dataclass(frozen=True)
+class StoredCostModel:
+    """A cost model kept in the store: trained on ``samples`` measured schedules of ``target_key`` (of the
+    ``scope`` owner's jobs; "" the shared pool), the newest of them record ``last_record_id``."""
+
+    target_key: str
+    scope: str
+    samples: int
+    last_record_id: int
+    model_tar: bytes
+    trained_at: datetime | None = None
+
+
+class NewRecord(NamedTuple):
+    """A valid tuning record stored after some other, with its workload (MetaSchedule JSON)."""
+
+    id: int
+    job_id: str | None
+    workload_id: int
+    workload_json: str
+    record_json: str
+
+
 class BestRecord(NamedTuple):
     """A workload's fastest valid record."""
 

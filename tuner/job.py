@@ -29,6 +29,7 @@ from tuner.failures import crash_report_path, describe_failure, write_crash_repo
 from tuner.frontend import ImportedModel, check_given_shape, load_model
 from tuner.job_guard import InProcessGuard, cli_worker_name
 from tuner.manifest import job_manifest
+from tuner.metaschedule.cost_model import keep_cost_model, load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.models import model_file
 from tuner.plan_keys import preview_refusal
@@ -291,18 +292,28 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
         time_left = clock.remaining_s()
         if trials_left != 0 and (time_left is None or time_left > 0):
             check_runner(spec.runner, settings.rpc_timeout_s)
+            config = measure_config(settings, spec)
+            # The cost model kept for this target starts trained on every record measured on it before.
+            cost_model, learnt_up_to = (
+                load_cost_model(store, target, job.target_key, scope)
+                if config.cost_model == "xgb"
+                else (None, 0)
+            )
             report = tune_tasks(
                 plan.tasks,
                 target,
                 database,
                 budget,
-                measure_config(settings, spec),
+                config,
                 settings.jobs_dir / job.id / "metaschedule",
                 on_batch=recorder.on_batch,
                 should_stop=should_stop,
                 time_left_s=clock.remaining_s,
                 limits=_measuring_host_limits(store, spec),
+                cost_model=cost_model,
             )
+            if cost_model is not None:
+                keep_cost_model(store, cost_model, target, job.target_key, scope, learnt_up_to, job.id)
             for index, stats in report.search_stats.items():
                 store.set_search_stats(recorder.tasks[index].id, stats)
     if should_stop is not None and should_stop():

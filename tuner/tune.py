@@ -29,6 +29,7 @@ from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
 from tuner.metaschedule.callback import BatchListener, ProgressCallback
+from tuner.metaschedule.cost_model import xgb_model
 from tuner.metaschedule.defaults import measure_default_schedules, measure_schedules
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.metaschedule.runner import ExclusiveRunner, alloc_measure_arguments, run_calibrated_evaluator
@@ -166,11 +167,7 @@ def make_cost_model(name: str, cores: int) -> Any:
     """XGBoost (default) or random cost model."""
     check_cost_model(name)
     if name == "xgb":
-        return ms.cost_model.XGBModel(
-            extractor=ms.feature_extractor.PerStoreFeature(),
-            adaptive_training=True,
-            num_tuning_cores=cores,
-        )
+        return xgb_model(cores)
     return ms.cost_model.RandomModel()
 
 
@@ -193,6 +190,7 @@ def tune_tasks(
     should_stop: StopCheck | None = None,
     time_left_s: TimeLeft | None = None,
     limits: MachineLimits | None = None,
+    cost_model: Any | None = None,
 ) -> TuningReport:
     """Tune extracted tasks with evolutionary search; every measured candidate lands in ``database`` as
     soon as its batch is measured.
@@ -205,6 +203,8 @@ def tune_tasks(
     and the search's first population draws on them.
     ``limits`` (this machine's measured roofs, for a target run here) give each fp32 task its roofline,
     which steers the scheduler's trials and ends a task's search once it is close to it.
+    ``cost_model``: the model that ranks the search's candidates (a pretrained one,
+    :mod:`tuner.metaschedule.cost_model`); None: a fresh one of ``config.cost_model``.
     Returns where the time went and what the space's hooks did.
     """
     if budget.trials == 0 or not tasks:
@@ -252,6 +252,7 @@ def tune_tasks(
         target,
     )
     runner = make_runner(config)
+    model = cost_model if cost_model is not None else make_cost_model(config.cost_model, cores)
     space = get_space(config.space or default_space_name(target))
     # A task that starts warm (an earlier job or attempt stored its records) needs no seeds: the search's
     # first population already draws on the measured records.
@@ -267,7 +268,7 @@ def tune_tasks(
             if config.default_schedules:
                 with ms.Profiler.timeit("Kiln/DefaultSchedules"):
                     default_ms, spent = measure_default_schedules(
-                        tasks, target, database, builder, runner, on_batch, limit=budget.trials
+                        tasks, target, database, builder, runner, on_batch, budget.trials, model
                     )
             if space.seeded and config.space_options.seeds > 0:
                 with ms.Profiler.timeit("Kiln/PolyhedralSeeds"):
@@ -286,6 +287,7 @@ def tune_tasks(
                         limit,
                         warm,
                         seeds_stop,
+                        model,
                     )
                 for index, count in seeded.items():
                     stats[index].seeds = count
@@ -310,7 +312,9 @@ def tune_tasks(
                 builder=builder,
                 runner=runner,
                 database=database,
-                cost_model=make_cost_model(config.cost_model, cores),
+                cost_model=cost_model
+                if cost_model is not None
+                else make_cost_model(config.cost_model, cores),
                 measure_callbacks=callbacks,
                 task_scheduler=KilnTaskScheduler(
                     should_stop,
@@ -325,7 +329,14 @@ def tune_tasks(
         builder.shutdown()
         # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
         (work_dir / "profile.txt").write_text(str(profiler.table()))
-    return TuningReport(_profile(profiler), _search_stats(space.seeded, stats, config.space_options.caches))
+    report = TuningReport(_profile(profiler), _search_stats(space.seeded, stats, config.space_options.caches))
+    ranked = getattr(model, "first_ranked", None)
+    if ranked is not None:
+        # How many measured samples had trained the cost model when it first ranked each task's candidates.
+        for index, task in enumerate(tasks):
+            if str(task.task_name) in ranked:
+                report.search_stats.setdefault(index, {})["ranked_with_samples"] = ranked[str(task.task_name)]
+    return report
 
 
 def _search_stats(kept: bool, stats: list[PruningStats], caches: CacheHierarchy) -> dict[int, dict[str, Any]]:
@@ -348,6 +359,7 @@ def _measure_seeds(
     limit: int | None,
     warm: set[int],
     stop: StopCheck,
+    cost_model: Any,
 ) -> dict[int, int]:
     """Measure and store each task's seed schedules (a batch per task); returns how many each got.
 
@@ -355,7 +367,8 @@ def _measure_seeds(
     operator at other shapes), replayed with their tiles adapted; the polyhedral model's tilings follow.
     Within a trial ``limit``, each task gets at most half of its share of it, so that a small budget still
     measures every task and leaves the search its turn. The ``warm`` tasks get none. No task is seeded
-    once ``stop()`` says so (checked before each task's seeds are generated).
+    once ``stop()`` says so (checked before each task's seeds are generated). ``cost_model`` learns the
+    seeds that ran.
     """
     machine = MachineModel(fp32_lanes(target), cores, config.space_options.caches)
     per_task = config.space_options.seeds
@@ -375,7 +388,7 @@ def _measure_seeds(
         transferred = _transferred_seeds(database, context, wanted)
         schedules = transferred + seed_schedules(context, machine, wanted - len(transferred))
         candidates = [(index, tasks[index].dispatched[0], sch) for sch in schedules]
-        measure_schedules(candidates, tasks, target, database, builder, runner, on_batch, "seed")
+        measure_schedules(candidates, tasks, target, database, builder, runner, on_batch, "seed", cost_model)
         if candidates:
             counts[index] = len(candidates)
     return counts

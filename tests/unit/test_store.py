@@ -21,6 +21,7 @@ from tuner.entities import (
     ModelFormat,
     ModelInfo,
     ModelSignature,
+    StoredCostModel,
     TensorSpec,
 )
 from tuner.errors import Conflict, NotFound, SchemaOutdated
@@ -651,3 +652,35 @@ def test_workloads_stored_before_families_get_theirs_once(store: Store) -> None:
     assert [w.id for w in store.family_workloads("f", TARGET)] == [legacy]
     store.set_workload_families({unmeasured: ""})  # none: not computed again, never a family's member
     assert store.family_workloads("", TARGET) == []
+
+
+def test_a_cost_model_is_kept_per_target_and_scope_and_never_replaced_by_an_older_one(store: Store) -> None:
+    assert store.get_cost_model(TARGET, "") is None
+    assert store.save_cost_model(StoredCostModel(TARGET, "", 120, 40, b"first"))
+    assert store.save_cost_model(StoredCostModel(TARGET, "*", 300, 90, b"shared"))
+    kept = store.get_cost_model(TARGET, "")
+    assert kept is not None and (kept.samples, kept.last_record_id, kept.model_tar) == (120, 40, b"first")
+    assert kept.trained_at is not None
+    # A worker that trained on older records (up to 30) does not replace a model that saw up to 40.
+    assert not store.save_cost_model(StoredCostModel(TARGET, "", 100, 30, b"stale"))
+    assert store.get_cost_model(TARGET, "").model_tar == b"first"
+    assert store.save_cost_model(StoredCostModel(TARGET, "", 150, 55, b"newer"))
+    assert store.get_cost_model(TARGET, "").model_tar == b"newer"
+    assert store.get_cost_model(TARGET, "*").model_tar == b"shared"
+    assert store.get_cost_model(OTHER_TARGET, "") is None
+
+
+def test_records_since_are_the_newest_valid_records_after_one(store: Store) -> None:
+    job_id = add_job(store)
+    w = store.add_workload("1", '["1"]', "#")
+    first = add_record(store, w, [1e-3], job_id=job_id)
+    add_record(store, w, [1e10], error="build failed")
+    second = add_record(store, w, [2e-3])
+    add_record(store, w, [3e-3], target_key=OTHER_TARGET)
+    third = add_record(store, w, [4e-3], job_id=job_id)
+    assert [r.id for r in store.records_since(TARGET, 0)] == [first, second, third]
+    assert [r.id for r in store.records_since(TARGET, first)] == [second, third]
+    assert [r.id for r in store.records_since(TARGET, 0, limit=2)] == [second, third]  # the newest two
+    since = store.records_since(TARGET, second)
+    assert [(r.job_id, r.workload_id, r.workload_json) for r in since] == [(job_id, w, '["1"]')]
+    assert json.loads(since[0].record_json)[1] == [4e-3]

@@ -26,13 +26,14 @@ def measure_default_schedules(
     runner: Any,
     on_batch: BatchListener | None = None,
     limit: int | None = None,
+    cost_model: Any | None = None,
 ) -> tuple[dict[int, float], int]:
     """Build, measure and store the default schedule of every task a rule serves (one batch for all), or
     of the first ``limit`` such tasks.
 
     Returns the measured latency (ms) by task index, and how many candidates were measured (each is a
     trial of its task); a task whose default failed to build or run is left out of the latencies (and its
-    failure reported to ``on_batch`` like any failed candidate).
+    failure reported to ``on_batch`` like any failed candidate). ``cost_model`` learns what ran.
     """
     scheduled = []
     for index, task in enumerate(tasks):
@@ -42,7 +43,9 @@ def measure_default_schedules(
         sch = default_schedule(mod, target)
         if sch is not None:
             scheduled.append((index, mod, sch))
-    latencies = measure_schedules(scheduled, tasks, target, database, builder, runner, on_batch, "default")
+    latencies = measure_schedules(
+        scheduled, tasks, target, database, builder, runner, on_batch, "default", cost_model
+    )
     return {index: min(lats) / 1e3 for index, lats in latencies.items()}, len(scheduled)
 
 
@@ -55,10 +58,12 @@ def measure_schedules(
     runner: Any,
     on_batch: BatchListener | None,
     what: str,
+    cost_model: Any | None = None,
 ) -> dict[int, list[float]]:
     """Build and measure ``(task index, task module, schedule)`` candidates in one batch, and store each
     that runs as a tuning record of its task. Returns the measured latencies (us) by task index; every
-    outcome, failures included, goes to ``on_batch`` as a trial of its task."""
+    outcome, failures included, goes to ``on_batch`` as a trial of its task. ``cost_model`` (the search's)
+    learns each candidate that ran, as it learns the search's own."""
     if not scheduled:
         return {}
     built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, _, sch in scheduled])
@@ -73,6 +78,7 @@ def measure_schedules(
         )
     )
     latencies: dict[int, list[float]] = {}
+    ran: dict[int, list[tuple[Any, Any]]] = {}
     for (index, mod, sch), b in zip(scheduled, built, strict=True):
         failure = build_failure(b)
         if failure is not None:
@@ -91,6 +97,7 @@ def measure_schedules(
                     )
                 )
                 latencies.setdefault(index, []).append(lat)
+                ran.setdefault(index, []).append((ms.MeasureCandidate(sch, _args_info(sch)), result))
         if err is not None:
             log.warning("%s schedule of task %d (%s) failed: %s", what, index, tasks[index].task_name, err)
         if on_batch is not None:
@@ -98,6 +105,11 @@ def measure_schedules(
     for b in built:
         if b.artifact_path is not None:
             ms.utils.remove_build_dir(b.artifact_path)
+    if cost_model is not None:
+        for index, pairs in ran.items():
+            mod = tasks[index].dispatched[0]
+            context = ms.TuneContext(mod=mod, target=target, task_name=str(tasks[index].task_name))
+            cost_model.update(context, [c for c, _ in pairs], [r for _, r in pairs])
     return latencies
 
 

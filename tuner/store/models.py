@@ -249,6 +249,23 @@ class MachineLimitsRow(Base):
     measured_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class CostModelRow(Base):
+    """The cost model trained on one target's records (of one owner, or of the shared pool: ``scope`` "")
+    : MetaSchedule's XGBoost model with the features it was trained on (``XGBModel.save``'s tar)."""
+
+    __tablename__ = "cost_models"
+    __table_args__ = (sa.UniqueConstraint("target_key", "scope"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    target_key: Mapped[str] = mapped_column(sa.String(255))
+    scope: Mapped[str] = mapped_column(sa.String(64))
+    samples: Mapped[int] = mapped_column(sa.Integer)
+    #: the newest tuning record it has learnt from: records after it are what it has not seen
+    last_record_id: Mapped[int] = mapped_column(sa.BigInteger)
+    model_tar: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    trained_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class ApiTokenRow(Base):
     """A bearer token of the REST API; only its sha256 is stored. ``name`` owns models and jobs."""
 

@@ -13,6 +13,7 @@ from tuner.entities import (
     BestRecord,
     Job,
     KernelAssembly,
+    NewRecord,
     Record,
     StoredRecord,
     StoredWorkload,
@@ -310,6 +311,30 @@ class RecordQueries(StoreBase):
                 StoredRecord(wid, wjson, rjson) for wid, wjson, rjson in s.execute(of_owner(query, owner))
             ]
 
+    def records_since(
+        self, target_key: str, after_id: int, owner: str | None = None, limit: int = 4096
+    ) -> list[NewRecord]:
+        """The newest ``limit`` valid records of a target stored after record ``after_id``, oldest first."""
+        query = (
+            sa.select(
+                TuningRecordRow.id,
+                TuningRecordRow.job_id,
+                TuningRecordRow.workload_id,
+                WorkloadRow.workload_json,
+                TuningRecordRow.record_json,
+            )
+            .join(WorkloadRow, WorkloadRow.id == TuningRecordRow.workload_id)
+            .where(
+                TuningRecordRow.target_key == target_key,
+                TuningRecordRow.id > after_id,
+                TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
+            )
+            .order_by(TuningRecordRow.id.desc())
+            .limit(limit)
+        )
+        with self.session_scope(write=False) as s:
+            return [NewRecord(*row) for row in reversed(s.execute(of_owner(query, owner)).all())]
+
     def list_records(
         self, job_id: str | None = None, workload_id: int | None = None, target_key: str | None = None
     ) -> list[Record]:
@@ -341,6 +366,7 @@ class RecordQueries(StoreBase):
         query = (
             sa.select(
                 TuningRecordRow.id,
+                TuningRecordRow.job_id,
                 TuningRecordRow.workload_id,
                 TuningRecordRow.mean_run_sec,
                 TuningRecordRow.created_at,

@@ -5,13 +5,15 @@ pool of workers). The schema is owned by alembic; :meth:`Store.ensure_schema` re
 
 :class:`Store` is one object over one database; its queries are grouped by what they store:
 :mod:`~tuner.store.model_queries`, :mod:`~tuner.store.job_queries`, :mod:`~tuner.store.queue`,
-:mod:`~tuner.store.record_queries`, :mod:`~tuner.store.profile_queries` and
+:mod:`~tuner.store.record_queries`, :mod:`~tuner.store.cost_model_queries`,
+:mod:`~tuner.store.profile_queries` and
 :mod:`~tuner.store.token_queries`, all on
 :class:`~tuner.store.base.StoreBase` (engine, sessions, schema).
 """
 
 from __future__ import annotations
 
+from tuner.store.cost_model_queries import CostModelQueries
 from tuner.store.engine import MIGRATIONS_DIR, alembic_config, normalize_url
 from tuner.store.job_queries import JobQueries
 from tuner.store.model_queries import ModelQueries
@@ -21,9 +23,11 @@ from tuner.store.record_queries import RecordQueries
 from tuner.store.token_queries import TokenQueries
 
 
-class Store(ModelQueries, JobQueries, QueueQueries, RecordQueries, ProfileQueries, TokenQueries):
-    """Models, jobs, tasks, workloads, tuning records, artifacts, profiles, machine limits and tokens in one
-    SQL database."""
+class Store(
+    ModelQueries, JobQueries, QueueQueries, RecordQueries, CostModelQueries, ProfileQueries, TokenQueries
+):
+    """Models, jobs, tasks, workloads, tuning records, cost models, artifacts, profiles, machine limits and
+    tokens in one SQL database."""
 
 
 __all__ = ["MIGRATIONS_DIR", "Store", "alembic_config", "normalize_url"]
