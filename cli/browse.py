@@ -18,6 +18,7 @@ from cli.render import (
     fmt,
     ir_change,
     ir_table,
+    latency_over_time_table,
     mix_line,
     print_accuracy,
     print_code,
@@ -27,6 +28,7 @@ from cli.render import (
     print_tuning_time,
     task_table,
 )
+from tuner.curves import estimates_at, job_curve
 from tuner.errors import KilnError, NotFound
 
 
@@ -65,6 +67,11 @@ def status(job_id: Annotated[str, typer.Argument(help="Job id")]) -> None:
     print_tuning_time(job)
     tasks = store.list_tasks(job.id)
     console.print(task_table(tasks, "tasks"))
+    curve = latency_over_time_table(
+        job, estimates_at(job_curve(store, job, current_settings().record_scope(job.owner)))
+    )
+    if curve is not None:
+        console.print(curve)
     print_outcome(job, tasks)
     print_latency_report(job.latency_report)
     print_accuracy(job.accuracy)

@@ -366,6 +366,28 @@ def print_outcome(job: Job, tasks: list[Task] | None = None) -> None:
     console.print(f"Kiln tuned {job.tuned_latency_ms:.3f} ms: [bold]{'; '.join(against)}[/]", highlight=False)
 
 
+def latency_over_time_table(job: Job, estimates: list[tuple[float, float | None]]) -> Table | None:
+    """The model's estimated latency after each stretch of measuring (Σ calls x best kernel so far), against
+    the peer the job measured; None before the first trial."""
+    if not estimates:
+        return None
+    peer_ms = job.reference_latency_ms.get(job.peer) if job.peer else None
+    table = Table(title="latency over tuning time (estimated: Σ calls x best kernel so far)")
+    table.add_column("measuring for")
+    table.add_column("Kiln ms", justify="right")
+    if peer_ms:
+        table.add_column(f"{job.peer} ms / Kiln ms", justify="right")
+    for seconds, estimate_us in estimates:
+        row = [
+            format_duration(seconds) if seconds else "first trial",
+            fmt(estimate_us / 1e3 if estimate_us else None, ".3f"),
+        ]
+        if peer_ms:
+            row.append(fmt(peer_ms / (estimate_us / 1e3) if estimate_us else None, ".2f"))
+        table.add_row(*row)
+    return table
+
+
 def _versus(ratio: float) -> str:
     return f"{ratio:.2f}x faster than" if ratio >= 1 else f"{1 / ratio:.2f}x slower than"
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
+from tuner.curves import time_shares
 from tuner.entities import (
     DEFAULT_TRIALS,
     AccuracyReport,
@@ -28,7 +29,6 @@ from tuner.entities import (
     TaskInfo,
     TensorSpec,
 )
-from tuner.inspection import time_shares
 from tuner.profile_check import ProfileCheck
 
 MAX_TIME_BUDGET_S = 7 * 24 * 3600  # a week: a longer budget is a typo
@@ -483,6 +483,15 @@ class JobCurveOut(BaseModel):
     points: list[JobCurvePoint]
     warm_start_us: dict[int, float] = Field(
         description="Per task id: the best latency stored before this job measured anything (warm start)"
+    )
+    peer: str | None = Field(
+        default=None, description="The runtime measured beside Kiln (onnxruntime), once the job measured it"
+    )
+    peer_ms: float | None = Field(
+        default=None, description="The peer's end-to-end latency, measured by the job"
+    )
+    latency_ms: float | None = Field(
+        default=None, description="Kiln's end-to-end latency, measured by the job"
     )
 
 

@@ -307,7 +307,11 @@ def tune_tasks(
                 task_weights=[float(t.weight) for t in tasks],
                 work_dir=str(work_dir),
                 max_trials_global=_max_trials_global(budget, per_iter, spent),
-                max_trials_per_task=budget.max_trials_per_task,
+                # MetaSchedule caps each task at the global count when given no cap, and clamps a task's
+                # batch to its cap: a scheduler that gives one heavy task most rounds would stop short of
+                # the budget. Capped at the trials left instead, every batch still ends within the budget.
+                max_trials_per_task=budget.max_trials_per_task
+                or (None if budget.trials is None else max(1, budget.trials - spent)),
                 num_trials_per_iter=per_iter,
                 builder=builder,
                 runner=runner,
@@ -322,7 +326,11 @@ def tune_tasks(
                     seed=budget.seed,
                     default_ms=default_ms,
                     known_ms=_best_known_ms(tasks, database),
-                    floor_ms=roofline_floors_ms(tasks, limits) if limits is not None else None,
+                    floor_ms=(
+                        roofline_floors_ms(tasks, limits, config.space_options.caches)
+                        if limits is not None
+                        else None
+                    ),
                 ),
             )
     finally:
@@ -405,10 +413,13 @@ def _best_known_ms(tasks: list[Any], database: Any) -> dict[int, float]:
     return known
 
 
-def roofline_floors_ms(tasks: list[Any], limits: MachineLimits) -> dict[int, float]:
-    """Each fp32 task's roofline latency (ms): its FLOPs at the measured fp32 peak or its arguments' bytes
-    at the measured bandwidth, whichever takes longer. Tasks of other dtypes (whose int8 or bf16 units
-    exceed the fp32 peak) and tasks of unknown size get none."""
+def roofline_floors_ms(tasks: list[Any], limits: MachineLimits, caches: CacheHierarchy) -> dict[int, float]:
+    """Each fp32 task's roofline latency (ms): its FLOPs at the measured fp32 peak or, when its arguments
+    outgrow the last-level cache (``caches``), their bytes at the measured memory bandwidth, whichever takes
+    longer. A kernel whose data stays in the caches reads it faster than from memory: only the compute roof
+    bounds it. Tasks of other dtypes (whose int8 or bf16 units exceed the fp32 peak) and tasks of unknown
+    size get none."""
+    last_level = max((c.bytes for c in caches.levels), default=0)
     floors: dict[int, float] = {}
     for index, task in enumerate(tasks):
         mod = task.dispatched[0]
@@ -416,8 +427,12 @@ def roofline_floors_ms(tasks: list[Any], limits: MachineLimits) -> dict[int, flo
         if any(str(arg.dtype) != "float32" for arg in ms.arg_info.ArgInfo.from_prim_func(func)):
             continue
         flops, moved = estimate_flops(mod), argument_bytes(func)
-        if flops > 0 and moved > 0:
-            floors[index] = max(flops / (limits.peak_gflops * 1e6), moved / (limits.bandwidth_gbs * 1e6))
+        if flops <= 0 or moved <= 0:
+            continue
+        floor = flops / (limits.peak_gflops * 1e6)
+        if last_level and moved > last_level:
+            floor = max(floor, moved / (limits.bandwidth_gbs * 1e6))
+        floors[index] = floor
     return floors
 
 

@@ -178,9 +178,13 @@ def task_curve(job_id: str, task_id: int, state: StateDep, owner: OwnerDep) -> C
 def job_curve(job_id: str, state: StateDep, owner: OwnerDep) -> JobCurveOut:
     job = state.store.get_job(job_id, owner)
     curve = inspection.job_curve(state.store, job, state.settings.record_scope(job.owner))
+    peer = job.peer
     return JobCurveOut(
         points=[JobCurvePoint.from_entity(p) for p in curve.points],
         warm_start_us=curve.warm_start_us,
+        peer=peer,
+        peer_ms=job.reference_latency_ms[peer] if peer else None,
+        latency_ms=job.tuned_latency_ms,
     )
 
 

@@ -220,6 +220,10 @@ def test_a_tuned_job_exposes_tasks_curves_schedules_and_files(
 
     curve = client.get(f"/api/v1/jobs/{job['id']}/curve").json()
     assert [p["index"] for p in curve["points"]] == list(range(1, 17))
+    # Against the peer the job measured, and the latency it measured itself.
+    assert curve["peer"] == "onnxruntime"
+    assert curve["peer_ms"] == body["reference_latency_ms"]["onnxruntime"]
+    assert curve["latency_ms"] == body["tuned_latency_ms"]
     estimates = [p["estimate_us"] for p in curve["points"]]
     first = next(i for i, e in enumerate(estimates) if e is not None)
     assert all(e is not None for e in estimates[first:])  # once every task has a best, always

@@ -100,6 +100,9 @@ def test_upload_tune_watch_inspect_download(
         f"document.querySelector('#curve-chart').dataset.points === '{expected}'", timeout=30_000
     )
     assert page.locator("#curve-chart canvas").count() >= 1
+    # Its latency over tuning time, against onnxruntime's measured latency.
+    legend = page.locator("#curve-chart .u-legend").inner_text()
+    assert "Kiln, estimated" in legend and "onnxruntime (measured)" in legend, legend
     assert page.locator("#task-chart canvas").count() >= 1
 
     # The task table has both tasks and sorts by a column.

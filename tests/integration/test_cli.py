@@ -141,6 +141,9 @@ def test_tune_then_reuse_records_then_export(tmp_path: Path) -> None:
 
     status = kiln("status", job_id, data_dir=tmp_path)
     assert status.returncode == 0 and "succeeded" in status.stdout
+    # The latency over tuning time against onnxruntime: a first-trial row, and one after the last trial.
+    assert "latency over tuning time" in status.stdout and "onnxruntime ms / Kiln ms" in status.stdout
+    assert "first trial" in status.stdout
 
     lowering = kiln("ir", job_id, data_dir=tmp_path)
     assert lowering.returncode == 0, lowering.stderr

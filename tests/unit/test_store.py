@@ -684,3 +684,20 @@ def test_records_since_are_the_newest_valid_records_after_one(store: Store) -> N
     since = store.records_since(TARGET, second)
     assert [(r.job_id, r.workload_id, r.workload_json) for r in since] == [(job_id, w, '["1"]')]
     assert json.loads(since[0].record_json)[1] == [4e-3]
+
+
+def test_record_queries_see_the_store_as_it_was_up_to_a_record(store: Store) -> None:
+    w = store.add_workload("1", "[1]", "#", family="f")
+    other = store.add_workload("2", "[2]", "#", family="f")
+    slow = add_record(store, w, [3e-3])
+    fast = add_record(store, w, [1e-3])
+    add_record(store, other, [2e-3])
+
+    def run_secs(record_json: str) -> list[float]:
+        return json.loads(record_json)[1]
+
+    assert [run_secs(r) for r in store.top_records(w, TARGET, 5, max_record_id=slow)] == [[3e-3]]
+    assert [run_secs(r) for r in store.top_records(w, TARGET, 5, max_record_id=fast)] == [[1e-3], [3e-3]]
+    assert store.top_records(w, TARGET, 5, max_record_id=0) == []
+    assert [x.id for x in store.family_workloads("f", TARGET, max_record_id=fast)] == [w]
+    assert [x.id for x in store.family_workloads("f", TARGET)] == [other, w]

@@ -30,7 +30,9 @@ class KilnDatabase(ms.database.PyDatabase):
 
     ``target_key`` is the canonical target the records belong to; ``job_id`` is written on every record
     this database commits (records of other jobs on the same target are still read: that is warm start).
-    ``owner`` limits what it reads to the records of that owner's jobs (None: every record).
+    ``owner`` limits what it reads to the records of that owner's jobs (None: every record);
+    ``max_record_id`` limits the records it ranks (``get_top_k``, ``similar_records``) to those stored up
+    to that one: the store as it was then, to build a model from what a job had measured by some moment.
     ``on_commit(workload_id, run_secs)`` runs after each record is stored, e.g. to report progress.
     """
 
@@ -41,9 +43,11 @@ class KilnDatabase(ms.database.PyDatabase):
         job_id: str | None = None,
         on_commit: OnCommit | None = None,
         owner: str | None = None,
+        max_record_id: int | None = None,
     ) -> None:
         super().__init__()
         self.store = store
+        self.max_record_id = max_record_id
         self.target_key = target_key
         self.job_id = job_id
         self.owner = owner
@@ -112,7 +116,9 @@ class KilnDatabase(ms.database.PyDatabase):
         own = self.workload_id(mod)
         extents = iteration_extents(mod)
         ranked: list[tuple[float, int, Workload]] = []
-        for stored in self.store.family_workloads(family, self.target_key, self.owner):
+        for stored in self.store.family_workloads(
+            family, self.target_key, self.owner, max_record_id=self.max_record_id
+        ):
             if stored.id == own:
                 continue
             workload = self._load(stored.id, stored.workload_json)
@@ -170,7 +176,7 @@ class KilnDatabase(ms.database.PyDatabase):
         found = self._find(workload.mod)
         if found is None:
             return []
-        rows = self.store.top_records(found[0], self.target_key, top_k, self.owner)
+        rows = self.store.top_records(found[0], self.target_key, top_k, self.owner, self.max_record_id)
         return [TuningRecord.from_json(json.loads(row), workload) for row in rows]
 
     def get_all_tuning_records(self) -> list[TuningRecord]:

@@ -9,7 +9,8 @@ so nothing is gained by waiting: this scheduler joins every finished batch befor
 The choice follows MetaSchedule's (``src/s_tir/meta_schedule/task_scheduler/gradient_based.cc``): the
 task with the largest weighted gradient of its best latency, the latency it may still shed per trial
 estimated from its recent progress and from its **headroom**, how far its best is above its roofline
-(the least time its FLOPs and bytes take at this machine's measured peak and bandwidth; 0 when unknown,
+(the least time its FLOPs take at this machine's measured peak, and its bytes at the measured memory
+bandwidth when they outgrow the last-level cache: :func:`tuner.tune.roofline_floors_ms`; 0 when unknown,
 which is MetaSchedule's own formula). Trials so go where they can take the most off the model's latency:
 a heavy call far above its roofline before a light one or one already near it. Where MetaSchedule visits
 every task once in turn before choosing, this scheduler starts from the best latency each task already

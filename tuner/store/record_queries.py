@@ -64,16 +64,25 @@ class RecordQueries(StoreBase):
             return row.id
 
     def family_workloads(
-        self, family: str, target_key: str, owner: str | None = None, limit: int = 64
+        self,
+        family: str,
+        target_key: str,
+        owner: str | None = None,
+        limit: int = 64,
+        max_record_id: int | None = None,
     ) -> list[StoredWorkload]:
         """The workloads of ``family`` with a valid record on ``target_key`` (of ``owner``'s jobs when
-        given), the most recently measured first, at most ``limit``."""
+        given; up to record ``max_record_id`` when given), the most recently measured first, at most
+        ``limit``."""
+        valid = [
+            TuningRecordRow.target_key == target_key,
+            TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
+        ]
+        if max_record_id is not None:
+            valid.append(TuningRecordRow.id <= max_record_id)
         measured = of_owner(
             sa.select(TuningRecordRow.workload_id, sa.func.max(TuningRecordRow.id).label("last"))
-            .where(
-                TuningRecordRow.target_key == target_key,
-                TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
-            )
+            .where(*valid)
             .group_by(TuningRecordRow.workload_id),
             owner,
         ).subquery()
@@ -262,10 +271,18 @@ class RecordQueries(StoreBase):
         workload_ids = [t.workload_id for t in self.list_tasks(job.id)]
         return self.all_records(job.target_key, workload_ids=workload_ids, valid_only=True, owner=owner)
 
-    def top_records(self, workload_id: int, target_key: str, k: int, owner: str | None = None) -> list[str]:
+    def top_records(
+        self,
+        workload_id: int,
+        target_key: str,
+        k: int,
+        owner: str | None = None,
+        max_record_id: int | None = None,
+    ) -> list[str]:
         """``record_json`` of the ``k`` fastest valid records of a workload on a target, fastest first.
 
         ``owner`` (here and in the other record queries): only records of that owner's jobs; None: all.
+        ``max_record_id``: only the records stored up to that one (what the store held at that moment).
         """
         if k <= 0:
             return []
@@ -279,6 +296,8 @@ class RecordQueries(StoreBase):
             .order_by(TuningRecordRow.mean_run_sec, TuningRecordRow.id)
             .limit(k)
         )
+        if max_record_id is not None:
+            query = query.where(TuningRecordRow.id <= max_record_id)
         with self.session_scope(write=False) as s:
             return list(s.scalars(of_owner(query, owner)))
 
@@ -366,7 +385,6 @@ class RecordQueries(StoreBase):
         query = (
             sa.select(
                 TuningRecordRow.id,
-                TuningRecordRow.job_id,
                 TuningRecordRow.workload_id,
                 TuningRecordRow.mean_run_sec,
                 TuningRecordRow.created_at,

@@ -1,4 +1,5 @@
-// The job's tuning curves: estimated end-to-end latency per trial, and one task's trials and best.
+// The job's tuning curves: estimated end-to-end latency over tuning time against the peer's, and one
+// task's trials and best.
 
 import { api } from "../api.js";
 import { lineChart } from "../chart.js";
@@ -23,7 +24,14 @@ export function tuningCurves(jobId) {
       const empty = curve.points.length
         ? `${curve.points.length} trials measured so far; the estimate is drawn once every task has a measured schedule (${measured} of ${tasks.length} tasks have one).`
         : "No measured trial yet.";
-      lineChart(jobChart, { xLabel: "trial", yLabel: "µs (estimated)", x: pts.map((p) => p.index), ys: [pts.map((p) => p.estimate_us)], series: [{ label: "estimated latency" }], empty });
+      // The curve a user judges a job by: its latency over tuning time against the peer's.
+      const ys = [pts.map((p) => p.estimate_us / 1000)];
+      const series = [{ label: "Kiln, estimated (Σ calls × best kernel)" }];
+      if (curve.peer_ms !== null && curve.peer_ms !== undefined) {
+        ys.push(pts.map(() => curve.peer_ms));
+        series.push({ label: `${curve.peer} (measured)` });
+      }
+      lineChart(jobChart, { xLabel: "seconds since submitted", yLabel: "ms", x: pts.map((p) => Math.round(p.elapsed_s)), ys, series, empty });
       jobChart.dataset.trials = String(curve.points.length);
     } catch (err) {
       fill(jobChart, errorBox(err));
