@@ -8,8 +8,9 @@ bias and a ReLU at 56x56x64 and at 28x28x128, or a matmul at any M, N, K. A Meta
 blocks and loops by position, so it replays on any workload of its family; only its tile decisions
 (``SamplePerfectTile``: factors whose product is a loop's extent) depend on the shapes. Each is adapted:
 from the innermost level out, the divisor of what is left of the new extent closest (by ratio) to the
-old factor, the outermost level taking the rest. The replayed schedule then goes through the space's
-postprocessors like any candidate, so a transfer that does not fit is refused there, not compiled.
+old factor, the outermost level taking the rest. A split by numbers the trace fixed (a default rule's)
+must divide the new extent, or the transfer is refused. The replayed schedule then goes through the
+space's postprocessors like any candidate, so a transfer that does not fit is refused there, not compiled.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from kiln_tvm import ms, s_tir, tvm
 
 #: The instruction whose decisions are tile factors of one loop.
 _PERFECT_TILE = "SamplePerfectTile"
+#: The instruction that splits a loop, by sampled factors or by numbers the trace fixed.
+_SPLIT = "Split"
 #: What TVM raises (through its FFI) when a trace does not replay or a block is not where it expects.
 _TVM_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError)
 
@@ -107,12 +110,29 @@ def adapted_tiles(factors: Sequence[int], extent: int, max_innermost: int = 0) -
     return new
 
 
+class NotTransferable(ValueError):
+    """A trace that does not fit the workload it is replayed on."""
+
+
+def _check_literal_split(sch: s_tir.Schedule, inputs: list[Any]) -> None:
+    """Refuse a split by numbers the trace fixed (a rule's ``[None, 16]``) that do not divide the loop's new
+    extent: the split would need a predicate the rule never planned for. TVM lets ``rfactor`` take such a
+    loop and computes a wrong softmax (seen: a 128-wide row's rule replayed on a 197-wide row)."""
+    fixed = [int(f) for f in inputs[1:] if isinstance(f, int | tvm.tirx.IntImm)]
+    extent = sch.get(inputs[0]).extent
+    if fixed and isinstance(extent, tvm.tirx.IntImm) and int(extent) % math.prod(fixed) != 0:
+        raise NotTransferable(f"a split by {fixed} does not divide a loop of {int(extent)}")
+
+
 def transferred_schedule(trace: Any, mod: Any, postprocs: Sequence[Any]) -> s_tir.Schedule | None:
     """``trace`` (measured on another workload of ``mod``'s family) replayed on ``mod`` with its tiles
     adapted, and ``postprocs`` applied; None when it does not replay or a postprocessor refuses it."""
     sch = s_tir.Schedule(mod, seed=1)
 
     def adapt(inst: Any, inputs: list[Any], attrs: list[Any], decision: Any) -> Any:
+        if inst.kind.name == _SPLIT:
+            _check_literal_split(sch, inputs)
+            return decision
         if inst.kind.name != _PERFECT_TILE or decision is None:
             return decision
         extent = sch.get(inputs[0]).extent

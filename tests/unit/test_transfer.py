@@ -120,3 +120,30 @@ def test_a_trace_of_another_family_does_not_replay() -> None:
     trace = _sampled_trace(matmul(64, 128, 256), seed=5)
     other = matmul(64, 128, 256, relu=False)  # no block D for the trace to find
     assert transferred_schedule(trace, other, _postprocs(other)) is None
+
+
+def _fixed_split_trace(n: int) -> Any:
+    """A rule-like schedule of ``matmul_relu(n)``: its rows split by a fixed 16, the inner part reduced
+    into partials (rfactor) and vectorised."""
+    sch = s_tir.Schedule(matmul(n, 64, n))
+    _, _, k = sch.get_loops(sch.get_sblock("C"))
+    _, inner = sch.split(k, factors=[None, 16])
+    sch.rfactor(inner, factor_axis=0)
+    return sch.trace
+
+
+@pytest.mark.parametrize(("n", "fits"), [(96, True), (100, False)])
+def test_a_fixed_split_transfers_only_where_it_divides_the_new_extent(n: int, fits: bool) -> None:
+    trace = _fixed_split_trace(64)
+    new = matmul(n, 64, n)
+    sch = transferred_schedule(trace, new, _postprocs(new))
+    assert (sch is not None) == fits
+    if sch is None:
+        return
+    lib = tvm.compile(sch.mod, target=TARGET)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((n, n)).astype(np.float32)
+    w = rng.standard_normal((n, 64)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((n, 64), np.float32))
+    lib(tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-3)
