@@ -193,33 +193,48 @@ def main() -> None:
     snapshots: dict[str, list[Snapshot]] = {name: [] for name in names}
     tuning_s: dict[str, dict[str, float]] = {name: {} for name in names}
     target_key = ""
+    failures: dict[str, list[str]] = {name: [] for name in names}
     for name in names:  # cold, each in its own store
         settings, store = _open(work / "cold" / name, share=False)
-        start = time.perf_counter()
-        job, started = _tune(store, settings, paths[name], name, cold[-1])
-        tuning_s[name]["cold"] = time.perf_counter() - start
-        target_key = job.target_key
         stores[name] = store
-        snapshots[name] += _snapshots(
-            store, settings, paths[name], job, started, cold, "cold", work / name, 0
-        )
-    if warm and len(names) > 1:
+        try:
+            start = time.perf_counter()
+            job, started = _tune(store, settings, paths[name], name, cold[-1])
+            tuning_s[name]["cold"] = time.perf_counter() - start
+            target_key = job.target_key
+            snapshots[name] += _snapshots(
+                store, settings, paths[name], job, started, cold, "cold", work / name, 0
+            )
+        except Exception as exc:  # noqa: BLE001 - one model's failure is reported, the others still run
+            failures[name].append(f"cold: {type(exc).__name__}: {exc}")
+            print(f"{name} cold failed: {exc!r}", file=sys.stderr)
+    if warm and len(names) > 1 and target_key:
         for name in names:  # warm: every other model's cold records, none of its own
             settings, store = _open(work / "warm" / name, share=True)
-            prior = _import_records([stores[o] for o in names if o != name], target_key, store)
-            start = time.perf_counter()
-            job, started = _tune(store, settings, paths[name], name, warm[-1])
-            tuning_s[name]["warm"] = time.perf_counter() - start
-            snapshots[name] += _snapshots(
-                store, settings, paths[name], job, started, warm, "warm", work / name, prior
-            )
+            try:
+                prior = _import_records([stores[o] for o in names if o != name], target_key, store)
+                start = time.perf_counter()
+                job, started = _tune(store, settings, paths[name], name, warm[-1])
+                tuning_s[name]["warm"] = time.perf_counter() - start
+                snapshots[name] += _snapshots(
+                    store, settings, paths[name], job, started, warm, "warm", work / name, prior
+                )
+            except Exception as exc:  # noqa: BLE001 - as above
+                failures[name].append(f"warm: {type(exc).__name__}: {exc}")
+                print(f"{name} warm failed: {exc!r}", file=sys.stderr)
 
-    results = [
-        _time_model(name, paths[name], snapshots[name], tuning_s[name], work / name, reps) for name in names
-    ]
-    text = report(results, cold, warm)
+    results = []
+    for name in names:
+        try:
+            timed = _time_model(name, paths[name], snapshots[name], tuning_s[name], work / name, reps)
+        except Exception as exc:  # noqa: BLE001 - a snapshot that fails its check loses its model's row only
+            failures[name].append(f"timing: {type(exc).__name__}: {exc}")
+            print(f"{name} timing failed: {exc!r}", file=sys.stderr)
+            continue
+        results.append(timed)
+    text = report(results, cold, warm, failures)
     print(text)
-    meta.update({"command": command_line(), "results": results})
+    meta.update({"command": command_line(), "results": results, "failures": failures})
     print(f"raw results: {write_json('time_to_fast', run_stamp, meta)}", file=sys.stderr)
 
 
@@ -288,9 +303,14 @@ def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def report(results: list[dict[str, Any]], cold: list[float], warm: list[float]) -> str:
+def report(
+    results: list[dict[str, Any]],
+    cold: list[float],
+    warm: list[float],
+    failures: dict[str, list[str]] | None = None,
+) -> str:
     """Markdown: latency per model and checkpoint, the ratios' geometric means, the share of the last cold
-    latency reached."""
+    latency reached, and the runs that failed."""
     columns = [("cold", s) for s in cold] + [("warm", s) for s in warm]
     head = ["model", "onnxruntime ms", "OpenVINO fp32 ms", "OpenVINO default ms"] + [
         f"{c} {format_duration(s)}" for c, s in columns
@@ -332,9 +352,11 @@ def report(results: list[dict[str, Any]], cold: list[float], warm: list[float]) 
             *(fmt(_geomean(reached[c]), ".2f") for c in columns),
         ]
     )
+    failed = [f"- {name}: {f}" for name, fails in (failures or {}).items() for f in fails]
     return (
         "Kiln ms at each checkpoint (onnxruntime ms / Kiln ms in brackets; above 1: Kiln faster)\n\n"
         + table(head, rows)
+        + ("\n\nFailed runs (n/a above):\n" + "\n".join(failed) if failed else "")
     )
 
 

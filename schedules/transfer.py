@@ -11,10 +11,18 @@ from the innermost level out, the divisor of what is left of the new extent clos
 old factor, the outermost level taking the rest. A split by numbers the trace fixed (a default rule's)
 must divide the new extent, or the transfer is refused. The replayed schedule then goes through the
 space's postprocessors like any candidate, so a transfer that does not fit is refused there, not compiled.
+
+Two workloads share an **anchor** when their first reduction block (the convolution, the matmul) is the
+same operator, whatever elementwise epilogue was fused after it (a bias, a residual add, a GELU) or
+before it. Their traces differ in the instructions on those blocks, so a trace does not replay across
+them; its *decisions* do (:func:`decisions_transferred`): the new workload's own design space (which
+schedules its own epilogue) is replayed with the old trace's tile factors (adapted as above), unroll and
+compute-location choices, matched instruction by instruction in order, kind by kind.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 from collections.abc import Sequence
@@ -67,15 +75,46 @@ def workload_family(mod: Any) -> str | None:
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
-def iteration_extents(mod: Any) -> list[int]:
+def _anchor(blocks: Sequence[Any]) -> Any | None:
+    """The first block with a reduction iterator: the operator an epilogue was fused onto."""
+    reduce = int(tvm.tirx.IterVar.CommReduce)
+    return next((b for b in blocks if any(int(iv.iter_type) == reduce for iv in b.iter_vars)), None)
+
+
+def anchor_family(mod: Any) -> str | None:
+    """What a task's module shares with the same operator under other fused epilogues and at other shapes
+    (see the module docstring): 16 hex digits; None when ``mod`` is not one unscheduled PrimFunc with a
+    reduction block."""
+    func = _main(mod)
+    if func is None:
+        return None
+    try:
+        anchor = _anchor(_top_blocks(func))
+    except _TVM_ERRORS:
+        return None
+    if anchor is None:
+        return None
+    part = (
+        f"anchor|{anchor.name_hint}:{''.join(str(int(iv.iter_type)) for iv in anchor.iter_vars)}:"
+        f"{_regions(anchor.reads)}:{_regions(anchor.writes)}"
+    )
+    return hashlib.sha1(part.encode()).hexdigest()[:16]
+
+
+def iteration_extents(mod: Any, anchor_only: bool = False) -> list[int]:
     """Every block iterator's extent, block by block (0 for a symbolic one): a workload's shape, to rank
-    the members of a family by how close their shapes are."""
+    the members of a family by how close their shapes are; with ``anchor_only``, the anchor block's only
+    (to rank workloads sharing an anchor)."""
     func = _main(mod)
     if func is None:
         return []
+    blocks = _top_blocks(func)
+    if anchor_only:
+        anchor = _anchor(blocks)
+        blocks = [] if anchor is None else [anchor]
     return [
         int(iv.dom.extent) if isinstance(iv.dom.extent, tvm.tirx.IntImm) else 0
-        for block in _top_blocks(func)
+        for block in blocks
         for iv in block.iter_vars
     ]
 
@@ -151,3 +190,127 @@ def transferred_schedule(trace: Any, mod: Any, postprocs: Sequence[Any]) -> s_ti
     except _TVM_ERRORS:
         return None
     return None
+
+
+#: The sampling instructions whose decisions :func:`decisions_transferred` carries over.
+_SAMPLES = (_PERFECT_TILE, "SampleCategorical", "SampleComputeLocation")
+
+
+def sampled_decisions(trace: Any) -> dict[str, list[Any]]:
+    """The decisions of ``trace``'s sampling instructions before its postprocessing, per kind, in order."""
+    decisions: dict[str, list[Any]] = {}
+    for inst in trace.insts:
+        kind = inst.kind.name
+        if kind == "EnterPostproc":
+            break
+        if kind in _SAMPLES:
+            decisions.setdefault(kind, []).append(trace.get_decision(inst))
+    return decisions
+
+
+def _kinds(trace: Any) -> list[str]:
+    kinds = []
+    for inst in trace.insts:
+        if inst.kind.name == "EnterPostproc":
+            break
+        kinds.append(inst.kind.name)
+    return kinds
+
+
+def _counts(decisions: dict[str, list[Any]]) -> dict[str, int]:
+    return {kind: len(values) for kind, values in decisions.items()}
+
+
+def decisions_transferred(
+    trace: Any, mod: Any, design_spaces: Sequence[Any], postprocs: Sequence[Any]
+) -> s_tir.Schedule | None:
+    """The first of ``mod``'s design spaces (schedules from its space generator) that replays with the
+    decisions of ``trace`` (measured on a workload of ``mod``'s anchor family): each space's tile
+    decisions are replaced, in order, by the old ones adapted to the new extents, and its other sampled
+    decisions by the old ones where the space samples as many of that kind. A space tiling a different
+    number of loops, or at other depths, is passed over. None when no space takes them and passes
+    ``postprocs``."""
+    old = sampled_decisions(trace)
+    tiles = old.get(_PERFECT_TILE, [])
+    if not tiles:
+        return None
+    # The space the old trace most resembles first (a write cache or not, where the epilogue went).
+    kinds = _kinds(trace)
+    ranked = sorted(
+        design_spaces, key=lambda sp: -difflib.SequenceMatcher(None, kinds, _kinds(sp.trace)).ratio()
+    )
+    for space in ranked:
+        counts = _counts(sampled_decisions(space.trace))
+        if counts.get(_PERFECT_TILE, 0) != len(tiles):
+            continue
+        sch = _replayed_with(space.trace, mod, old, counts)
+        if sch is None:
+            continue
+        try:
+            sch.enter_postproc()
+            if all(p.apply(sch) for p in postprocs):
+                return sch
+        except _TVM_ERRORS:
+            continue
+    return None
+
+
+def _replayed_with(
+    trace: Any, mod: Any, old: dict[str, list[Any]], counts: dict[str, int]
+) -> s_tir.Schedule | None:
+    sch = s_tir.Schedule(mod, seed=1)
+    seen: dict[str, int] = {}
+
+    def provide(inst: Any, inputs: list[Any], attrs: list[Any], decision: Any) -> Any:
+        kind = inst.kind.name
+        if kind not in _SAMPLES:
+            return decision
+        index = seen.get(kind, 0)
+        seen[kind] = index + 1
+        was = old.get(kind, [])
+        if len(was) != counts.get(kind, 0):
+            return decision  # the spaces sample this kind differently: the new space's own choice
+        if kind == _PERFECT_TILE:
+            factors = [int(f) for f in was[index]]
+            extent = sch.get(inputs[0]).extent
+            if len(factors) != len(decision) or not isinstance(extent, tvm.tirx.IntImm):
+                raise NotTransferable("the old tiling has other levels")
+            return adapted_tiles(factors, int(extent), int(attrs[1]))
+        if kind == "SampleCategorical":
+            return was[index] if int(was[index]) < len(attrs[0]) else decision
+        return was[index]
+
+    try:
+        trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provide)
+    except _TVM_ERRORS:
+        return None
+    return sch
+
+
+def transferred_schedules(family: list[Any], anchored: list[Any], context: Any, count: int) -> list[Any]:
+    """Up to ``count`` schedules of ``context``'s module transferred from similar workloads' records:
+    ``family`` (the same operator at other shapes: each trace replayed with its tiles adapted) first, then
+    ``anchored`` (the same anchor under other epilogues: each trace's decisions replayed on the module's
+    own design spaces)."""
+    if count <= 0:
+        return []
+    postprocs = list(context.space_generator.postprocs)
+    found = []
+    for record in family:
+        sch = transferred_schedule(record.trace, context.mod, postprocs)
+        if sch is not None:
+            found.append(sch)
+            if len(found) == count:
+                return found
+    if anchored:
+        try:
+            spaces = list(context.space_generator.generate_design_space(context.mod))
+        except _TVM_ERRORS:  # a module the space does not take has no design space to fill
+            return found
+        for record in anchored:
+            sch = decisions_transferred(record.trace, context.mod, spaces, postprocs)
+            if sch is not None:
+                found.append(sch)
+                if len(found) == count:
+                    break
+    return found

@@ -100,11 +100,14 @@ def build_attention_scores(seq: int = 64, hidden: int = 32, seed: int = 0) -> on
     return _model(graph)
 
 
-def build_small_cnn(batch: Batch = 1, seed: int = 0, image_size: int = 32) -> onnx.ModelProto:
+def build_small_cnn(
+    batch: Batch = 1, seed: int = 0, image_size: int = 32, activation: str = "Relu"
+) -> onnx.ModelProto:
     """Small CNN on input ``x`` [batch, 3, H, W] with H = W = ``image_size``.
 
     Conv 3->16 3x3 pad 1 + BatchNormalization + Relu, Conv 16->32 3x3 stride 2 pad 1 + BN + Relu,
     Conv 32->32 3x3 pad 1 + Relu, GlobalAveragePool, Flatten, Gemm 32->10 -> output ``y`` [batch, 10].
+    ``activation``: the ONNX operator in place of each Relu (e.g. ``Sigmoid``: other fused epilogues).
     """
     rng = np.random.default_rng(seed)
     inits: list[onnx.TensorProto] = []
@@ -143,7 +146,7 @@ def build_small_cnn(batch: Batch = 1, seed: int = 0, image_size: int = 32) -> on
         return name
 
     def relu(x: str, name: str) -> str:
-        nodes.append(helper.make_node("Relu", [x], [name], name=name))
+        nodes.append(helper.make_node(activation, [x], [name], name=name))
         return name
 
     h = relu(batch_norm(conv("x", "conv1", 3, 16, 1), "bn1", 16), "relu1")

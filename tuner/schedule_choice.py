@@ -26,7 +26,7 @@ from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, space_for
-from schedules.transfer import transferred_schedule
+from schedules.transfer import transferred_schedules
 
 log = logging.getLogger(__name__)
 
@@ -109,20 +109,19 @@ def _tuned_record(store_database: Any | None, mod: Any) -> tuple[ScheduleSource,
 def _transferred(
     store_database: Any | None, mod: Any, target: Target, task_name: str, caches: CacheHierarchy
 ) -> tuple[ScheduleSource, s_tir.Schedule | None]:
-    """The first of the nearest similar workloads' best records that replays on ``mod``."""
-    similar = getattr(store_database, "similar_records", None)
-    if similar is None:
+    """The first of the nearest similar workloads' best records that replays on ``mod``: of its family
+    (the trace replayed), else sharing its anchor under another epilogue (the decisions replayed)."""
+    if store_database is None or not hasattr(store_database, "similar_records"):
         return ScheduleSource.NONE, None
-    records = similar(mod)
-    if not records:
+    family, anchored = store_database.similar_records(mod), store_database.anchor_records(mod)
+    if not family and not anchored:
         return ScheduleSource.NONE, None
     cores = int(target.attrs.get("num-cores", physical_core_count())) if target.kind.name == "llvm" else 1
     space = "cpu" if target.kind.name == "llvm" else None
-    postprocs = list(_context(mod, target, task_name, space, caches, cores).space_generator.postprocs)
-    for record in records:
-        sch = transferred_schedule(record.trace, mod, postprocs)
-        if sch is not None:
-            return ScheduleSource.SIMILAR, sch
+    context = _context(mod, target, task_name, space, caches, cores)
+    sch = next(iter(transferred_schedules(family, anchored, context, 1)), None)
+    if sch is not None:
+        return ScheduleSource.SIMILAR, sch
     log.info("no record of a workload similar to %s replays on it", task_name)
     return ScheduleSource.NONE, None
 

@@ -23,7 +23,7 @@ from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import PruningStats, seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, default_space_name, get_space, space_for
-from schedules.transfer import transferred_schedule
+from schedules.transfer import transferred_schedules
 from tuner.entities import MachineLimits, RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.fatal_signals import report_fatal_signals_on_stderr
@@ -438,12 +438,11 @@ def roofline_floors_ms(tasks: list[Any], limits: MachineLimits, caches: CacheHie
 
 def _transferred_seeds(database: Any, context: Any, count: int) -> list[Any]:
     """Up to ``count`` (at most 2) schedules transferred from similar workloads' best records."""
-    similar = getattr(database, "similar_records", None)
-    if similar is None or count <= 0:
+    if not hasattr(database, "similar_records") or count <= 0:
         return []
-    postprocs = list(context.space_generator.postprocs)
-    schedules = (transferred_schedule(r.trace, context.mod, postprocs) for r in similar(context.mod, k=2))
-    return [sch for sch in schedules if sch is not None][:count]
+    family = database.similar_records(context.mod, k=2)
+    anchored = database.anchor_records(context.mod, k=2)
+    return transferred_schedules(family, anchored, context, min(count, 2))
 
 
 def _seed_phase_stop(should_stop: StopCheck | None, time_left_s: TimeLeft | None) -> StopCheck:

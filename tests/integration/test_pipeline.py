@@ -177,7 +177,7 @@ def test_a_new_shape_starts_from_the_records_of_the_same_operators_at_another(
 ) -> None:
     """A CNN tuned at 32x32 warms the store; the same CNN at 48x48 (its convolutions new workloads) is compiled with no
     trial from the 32x32 records, their tiles adapted to the new extents, and computes what onnxruntime
-    does."""
+    does; so does the CNN with other activations fused into its convolutions."""
     small = _tune(sqlite_store, settings, _save(build_small_cnn(), tmp_path / "cnn32.onnx"), trials=24)
     assert small.job.status is JobStatus.SUCCEEDED, small.job.error
     measured = {t.name for t in small.tasks if t.best_latency_us is not None}
@@ -192,6 +192,18 @@ def test_a_new_shape_starts_from_the_records_of_the_same_operators_at_another(
     assert len(convs) == 3 and not {t.workload_hash for t in convs} & {t.workload_hash for t in small.tasks}
     assert {t.schedule_source for t in convs} == {"similar"}, [(t.name, t.schedule_source) for t in convs]
     x = np.random.default_rng(7).standard_normal((1, 3, 48, 48)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-4)
+
+    # Sigmoids in place of the ReLUs, at 40x40: each convolution's fused epilogue is another, so no
+    # trace of the store replays on it; the decisions of the ReLU convolutions' records do.
+    path = _save(build_small_cnn(image_size=40, activation="Sigmoid"), tmp_path / "cnn40.onnx")
+    result = _tune(sqlite_store, settings, path, trials=0)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    convs = [t for t in result.tasks if "conv2d" in t.name]
+    assert len(convs) == 3 and all("sigmoid" in t.name for t in convs), [t.name for t in convs]
+    assert {t.schedule_source for t in convs} == {"similar"}, [(t.name, t.schedule_source) for t in convs]
+    x = np.random.default_rng(8).standard_normal((1, 3, 40, 40)).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-4)
 

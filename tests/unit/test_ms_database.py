@@ -32,13 +32,16 @@ def fast_build(mod: Any, target: Any, _params: Any) -> Any:
     return tvm.driver.build(mod, target=target)
 
 
-def matmul(n: int = 64) -> tvm.IRModule:
-    """An n x n x n float32 matmul as a TIR module (a fresh object each call)."""
+def matmul(n: int = 64, relu: bool = False) -> tvm.IRModule:
+    """An n x n x n float32 matmul (with a fused ReLU) as a TIR module (a fresh object each call)."""
     te = tvm.te
     a = te.placeholder((n, n), name="A")
     b = te.placeholder((n, n), name="B")
     k = te.reduce_axis((0, n), name="k")
     c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    if relu:
+        d = te.compute((n, n), lambda i, j: te.max(c[i, j], tvm.tirx.const(0, "float32")), name="D")
+        return tvm.IRModule({"main": te.create_prim_func([a, b, d])})
     return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
 
 
@@ -182,6 +185,26 @@ def test_similar_records_are_the_same_operator_at_the_nearest_other_shape(store:
     assert [float(r.run_secs[0]) for r in similar] == pytest.approx([5e-3, 2e-4, 4e-2])
     assert [tuple(r.args_info[0].shape)[0] for r in db.similar_records(matmul(128), k=5)] == [256, 48, 32]
     assert db.similar_records(matmul(100), k=0) == []
+
+
+def test_anchor_records_are_the_same_operator_under_another_epilogue(store: Store) -> None:
+    db = KilnDatabase(store, TARGET_KEY, job_id=make_job(store))
+    for n, relu, secs in ((32, True, 1e-4), (256, True, 4e-2), (64, False, 2e-3), (128, False, 5e-3)):
+        db.commit_tuning_record(make_record(matmul(n, relu), [secs]))
+    KilnDatabase(store, OTHER_TARGET_KEY).commit_tuning_record(make_record(matmul(96, True), [1e-3]))
+    # A workload stored before anchors were kept (its family known): its anchor is computed when needed.
+    legacy = matmul(100, relu=True)
+    store.add_workload(
+        structural_hash(legacy), json.dumps(ms.database.Workload(legacy).as_json()), "#", family="old"
+    )
+    db.commit_tuning_record(make_record(legacy, [3e-4]))
+
+    anchored = KilnDatabase(store, TARGET_KEY).anchor_records(matmul(120), k=3)
+    # The ReLU matmuls only (the plain ones are matmul(120)'s own family), nearest first, none elsewhere.
+    assert [tuple(r.args_info[0].shape)[0] for r in anchored] == [100, 256, 32]
+    assert [float(r.run_secs[0]) for r in anchored] == pytest.approx([3e-4, 4e-2, 1e-4])
+    assert [tuple(r.args_info[0].shape)[0] for r in db.anchor_records(matmul(120, True), k=3)] == [128, 64]
+    assert db.anchor_records(matmul(120), k=0) == []
 
 
 @pytest.mark.slow

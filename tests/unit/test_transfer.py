@@ -1,5 +1,6 @@
-"""Schedules transferred between workloads of one family: the family key, the adapted tile factors, and a
-matmul's trace replayed on another shape computing the right result."""
+"""Schedules transferred between similar workloads: the family and anchor keys, the adapted tile factors, a
+matmul's trace replayed on another shape, and its decisions replayed under another fused epilogue, each
+computing the right result."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from kiln_tvm import ms, s_tir, tvm
 from schedules.spaces import space_for
 from schedules.transfer import (
     adapted_tiles,
+    anchor_family,
+    decisions_transferred,
     iteration_extents,
+    sampled_decisions,
     shape_distance,
     transferred_schedule,
     workload_family,
@@ -36,11 +40,39 @@ def matmul(m: int, n: int, k: int, relu: bool = True, dtype: str = "float32") ->
     return tvm.IRModule({"main": te.create_prim_func([a, b, d])})
 
 
-def _postprocs(mod: Any) -> list[Any]:
-    context = ms.TuneContext(
+def matmul_bias_tanh(m: int, n: int, k: int) -> Any:
+    """``tanh(A @ B + bias)``: the matmul anchor under another epilogue, of two blocks."""
+    a = te.placeholder((m, k), name="A")
+    b = te.placeholder((k, n), name="B")
+    bias = te.placeholder((n,), name="bias")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    e = te.compute((m, n), lambda i, j: c[i, j] + bias[j], name="E")
+    f = te.compute((m, n), lambda i, j: te.tanh(e[i, j]), name="F")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, bias, f])})
+
+
+def batch_matmul(m: int) -> Any:
+    """A batched matmul: another anchor, four loops to tile."""
+    a = te.placeholder((4, m, m), name="A")
+    b = te.placeholder((4, m, m), name="B")
+    r = te.reduce_axis((0, m), name="k")
+    c = te.compute((4, m, m), lambda x, i, j: te.sum(a[x, i, r] * b[x, r, j], axis=r), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def _context(mod: Any) -> Any:
+    return ms.TuneContext(
         mod=mod, target=TARGET, space_generator=space_for(TARGET, "cpu"), task_name="t", num_threads=2
     ).clone()
-    return list(context.space_generator.postprocs)
+
+
+def _postprocs(mod: Any) -> list[Any]:
+    return list(_context(mod).space_generator.postprocs)
+
+
+def _spaces(mod: Any) -> list[Any]:
+    return list(_context(mod).space_generator.generate_design_space(mod))
 
 
 def _sampled_trace(mod: Any, seed: int) -> Any:
@@ -55,9 +87,10 @@ def _sampled_trace(mod: Any, seed: int) -> Any:
 
 
 def _tile_decisions(trace: Any) -> list[list[int]]:
+    """The trace's tile factors, in the order of its instructions."""
     return [
-        [int(f) for f in decision]
-        for inst, decision in trace.decisions.items()
+        [int(f) for f in trace.get_decision(inst)]
+        for inst in trace.insts
         if inst.kind.name == "SamplePerfectTile"
     ]
 
@@ -147,3 +180,48 @@ def test_a_fixed_split_transfers_only_where_it_divides_the_new_extent(n: int, fi
     out = tvm.runtime.tensor(np.zeros((n, 64), np.float32))
     lib(tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
     np.testing.assert_allclose(out.numpy(), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-3)
+
+
+def test_one_operator_under_other_epilogues_shares_its_anchor() -> None:
+    anchor = anchor_family(matmul(64, 128, 256))
+    assert anchor is not None and len(anchor) == 16
+    assert anchor_family(matmul(96, 48, 512, relu=False)) == anchor  # no epilogue, other shapes
+    assert anchor_family(matmul_bias_tanh(64, 128, 256)) == anchor  # a two-block epilogue
+    assert anchor_family(matmul(64, 128, 256, dtype="float16")) != anchor
+    assert anchor_family(batch_matmul(64)) != anchor
+    a = te.placeholder((64,), name="A")
+    elementwise = tvm.IRModule({"main": te.create_prim_func([a, te.compute((64,), lambda i: a[i] * 2)])})
+    assert anchor_family(elementwise) is None  # no reduction: nothing to anchor on
+    assert iteration_extents(matmul_bias_tanh(64, 128, 256), anchor_only=True) == [64, 128, 256]
+
+
+def test_decisions_replay_under_another_epilogue_with_tiles_adapted_and_compute_the_result() -> None:
+    trace = _sampled_trace(matmul(64, 128, 256), seed=5)
+    new = matmul_bias_tanh(96, 48, 512)
+    sch = decisions_transferred(trace, new, _spaces(new), _postprocs(new))
+    assert sch is not None
+    # The i, j and k tiles of the new schedule are the old ones, in order, adapted to 96, 48 and 512.
+    old_tiles = _tile_decisions(trace)
+    caps = [int(inst.attrs[1]) for inst in sch.trace.insts if inst.kind.name == "SamplePerfectTile"]
+    new_tiles = _tile_decisions(sch.trace)
+    assert [math.prod(t) for t in new_tiles] == [96, 48, 512]
+    assert new_tiles == [
+        adapted_tiles(o, math.prod(t), c) for o, t, c in zip(old_tiles, new_tiles, caps, strict=True)
+    ]
+    # The unroll choice (the root's categorical sample) is the old one.
+    assert sampled_decisions(sch.trace)["SampleCategorical"] == sampled_decisions(trace)["SampleCategorical"]
+
+    lib = tvm.compile(sch.mod, target=TARGET)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((96, 512)).astype(np.float32) / 8
+    w = rng.standard_normal((512, 48)).astype(np.float32) / 8
+    bias = rng.standard_normal(48).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((96, 48), np.float32))
+    lib(tvm.runtime.tensor(x), tvm.runtime.tensor(w), tvm.runtime.tensor(bias), out)
+    np.testing.assert_allclose(out.numpy(), np.tanh(x @ w + bias), rtol=1e-4, atol=1e-4)
+
+
+def test_decisions_do_not_replay_on_a_space_that_tiles_other_loops() -> None:
+    trace = _sampled_trace(matmul(64, 64, 64), seed=5)
+    other = batch_matmul(64)
+    assert decisions_transferred(trace, other, _spaces(other), _postprocs(other)) is None

@@ -13,7 +13,8 @@ import logging
 from collections.abc import Callable
 
 from kiln_tvm import derived_object, ms, structural_equal, structural_hash, tuning_record_json, tvm
-from schedules.transfer import iteration_extents, shape_distance, workload_family
+from schedules.transfer import anchor_family, iteration_extents, shape_distance, workload_family
+from tuner.entities import StoredWorkload
 from tuner.store.sql import Store
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,11 @@ class KilnDatabase(ms.database.PyDatabase):
         workload = Workload(mod)
         shash = structural_hash(mod)
         workload_id = self.store.add_workload(
-            shash, json.dumps(workload.as_json()), mod.script(), workload_family(mod)
+            shash,
+            json.dumps(workload.as_json()),
+            mod.script(),
+            workload_family(mod),
+            anchor_family(mod) or "",
         )
         self._remember(shash, workload_id, workload)
         return workload_id
@@ -113,16 +118,41 @@ class KilnDatabase(ms.database.PyDatabase):
         if family is None or k <= 0:
             return []
         self._compute_missing_families()
-        own = self.workload_id(mod)
-        extents = iteration_extents(mod)
-        ranked: list[tuple[float, int, Workload]] = []
-        for stored in self.store.family_workloads(
+        stored = self.store.family_workloads(
             family, self.target_key, self.owner, max_record_id=self.max_record_id
-        ):
-            if stored.id == own:
+        )
+        return self._nearest_best(mod, stored, k, anchor_only=False)
+
+    def anchor_records(self, mod: tvm.IRModule, k: int = 3) -> list[TuningRecord]:
+        """As :meth:`similar_records`, for the stored workloads sharing ``mod``'s anchor (its first
+        reduction block) under another fused epilogue, the nearest anchor shape first; workloads of
+        ``mod``'s own family are left out (:meth:`similar_records` has them)."""
+        anchor = anchor_family(mod)
+        if anchor is None or k <= 0:
+            return []
+        self._compute_missing_families()
+        family = workload_family(mod)
+        stored = [
+            w
+            for w in self.store.anchor_workloads(
+                anchor, self.target_key, self.owner, max_record_id=self.max_record_id
+            )
+            if workload_family(self._load(w.id, w.workload_json).mod) != family
+        ]
+        return self._nearest_best(mod, stored, k, anchor_only=True)
+
+    def _nearest_best(
+        self, mod: tvm.IRModule, stored: list[StoredWorkload], k: int, anchor_only: bool
+    ) -> list[TuningRecord]:
+        own = self.workload_id(mod)
+        extents = iteration_extents(mod, anchor_only)
+        ranked: list[tuple[float, int, Workload]] = []
+        for row in stored:
+            if row.id == own:
                 continue
-            workload = self._load(stored.id, stored.workload_json)
-            ranked.append((shape_distance(extents, iteration_extents(workload.mod)), stored.id, workload))
+            workload = self._load(row.id, row.workload_json)
+            distance = shape_distance(extents, iteration_extents(workload.mod, anchor_only))
+            ranked.append((distance, row.id, workload))
         ranked.sort(key=lambda item: (item[0], -item[1]))
         records = []
         for _, _, workload in ranked[:k]:
@@ -132,8 +162,10 @@ class KilnDatabase(ms.database.PyDatabase):
     def _compute_missing_families(self) -> None:
         missing = self.store.workloads_without_family(self.target_key)
         if missing:
+            mods = {w.id: self._load(w.id, w.workload_json).mod for w in missing}
             self.store.set_workload_families(
-                {w.id: workload_family(self._load(w.id, w.workload_json).mod) or "" for w in missing}
+                {wid: workload_family(mod) or "" for wid, mod in mods.items()},
+                {wid: anchor_family(mod) or "" for wid, mod in mods.items()},
             )
 
     # ---- PyDatabase interface ----------------------------------------------------------------------

@@ -131,6 +131,9 @@ class WorkloadRow(Base):
     #: The same operator at other shapes shares it (schedules.transfer.workload_family); None: not yet
     #: computed (a workload stored before 0012) or not one PrimFunc.
     family: Mapped[str | None] = mapped_column(sa.String(32), index=True)
+    #: The same first reduction block under other fused epilogues shares it (schedules.transfer.
+    #: anchor_family); "" when it has none; None: not yet computed (a workload stored before 0014).
+    anchor: Mapped[str | None] = mapped_column(sa.String(32), index=True)
 
 
 class TaskRow(Base):

@@ -41,11 +41,19 @@ class RecordQueries(StoreBase):
             )
             return [StoredWorkload(wid, wjson) for wid, wjson in rows]
 
-    def add_workload(self, shash: str, workload_json: str, tir_script: str, family: str | None = None) -> int:
+    def add_workload(
+        self,
+        shash: str,
+        workload_json: str,
+        tir_script: str,
+        family: str | None = None,
+        anchor: str | None = None,
+    ) -> int:
         """Store a workload and return its id; an identical one (same hash and JSON) is reused.
 
         Structurally equal workloads with different JSON are told apart by the caller, which has TVM.
-        ``family``: what it shares with the same operator at other shapes (see :meth:`family_workloads`).
+        ``family``: what it shares with the same operator at other shapes (see :meth:`family_workloads`);
+        ``anchor``: with the same operator under other fused epilogues (see :meth:`anchor_workloads`).
         """
         with self.session_scope() as s:
             if self.backend == "postgresql":
@@ -58,7 +66,9 @@ class RecordQueries(StoreBase):
             ).first()
             if existing is not None:
                 return existing
-            row = WorkloadRow(shash=shash, workload_json=workload_json, tir_script=tir_script, family=family)
+            row = WorkloadRow(
+                shash=shash, workload_json=workload_json, tir_script=tir_script, family=family, anchor=anchor
+            )
             s.add(row)
             s.flush()
             return row.id
@@ -74,6 +84,22 @@ class RecordQueries(StoreBase):
         """The workloads of ``family`` with a valid record on ``target_key`` (of ``owner``'s jobs when
         given; up to record ``max_record_id`` when given), the most recently measured first, at most
         ``limit``."""
+        return self._measured_workloads(WorkloadRow.family == family, target_key, owner, limit, max_record_id)
+
+    def anchor_workloads(
+        self,
+        anchor: str,
+        target_key: str,
+        owner: str | None = None,
+        limit: int = 64,
+        max_record_id: int | None = None,
+    ) -> list[StoredWorkload]:
+        """As :meth:`family_workloads`, for the workloads sharing the anchor ``anchor``."""
+        return self._measured_workloads(WorkloadRow.anchor == anchor, target_key, owner, limit, max_record_id)
+
+    def _measured_workloads(
+        self, which: Any, target_key: str, owner: str | None, limit: int, max_record_id: int | None
+    ) -> list[StoredWorkload]:
         valid = [
             TuningRecordRow.target_key == target_key,
             TuningRecordRow.mean_run_sec < VALID_RUN_SEC_LIMIT,
@@ -89,7 +115,7 @@ class RecordQueries(StoreBase):
         query = (
             sa.select(WorkloadRow.id, WorkloadRow.workload_json)
             .join(measured, measured.c.workload_id == WorkloadRow.id)
-            .where(WorkloadRow.family == family)
+            .where(which)
             .order_by(measured.c.last.desc())
             .limit(limit)
         )
@@ -97,24 +123,33 @@ class RecordQueries(StoreBase):
             return [StoredWorkload(wid, wjson) for wid, wjson in s.execute(query)]
 
     def workloads_without_family(self, target_key: str, limit: int = 256) -> list[StoredWorkload]:
-        """Workloads measured on ``target_key`` whose family was never computed (stored before it was
-        kept), for the caller, which has TVM, to compute it."""
+        """Workloads measured on ``target_key`` whose family or anchor was never computed (stored before
+        they were kept), for the caller, which has TVM, to compute them."""
         measured = sa.select(TuningRecordRow.workload_id).where(TuningRecordRow.target_key == target_key)
         query = (
             sa.select(WorkloadRow.id, WorkloadRow.workload_json)
-            .where(WorkloadRow.family.is_(None), WorkloadRow.id.in_(measured))
+            .where(
+                sa.or_(WorkloadRow.family.is_(None), WorkloadRow.anchor.is_(None)),
+                WorkloadRow.id.in_(measured),
+            )
             .order_by(WorkloadRow.id)
             .limit(limit)
         )
         with self.session_scope(write=False) as s:
             return [StoredWorkload(wid, wjson) for wid, wjson in s.execute(query)]
 
-    def set_workload_families(self, families: dict[int, str]) -> None:
-        """Keep the families computed for stored workloads (workload id -> family; "" for a workload
-        that has none, so that it is not computed again)."""
+    def set_workload_families(self, families: dict[int, str], anchors: dict[int, str] | None = None) -> None:
+        """Keep the families and anchors computed for stored workloads (workload id -> family or anchor;
+        "" for a workload that has none, so that it is not computed again)."""
+        anchors = anchors or {}
         with self.session_scope() as s:
-            for workload_id, family in families.items():
-                s.execute(sa.update(WorkloadRow).where(WorkloadRow.id == workload_id).values(family=family))
+            for workload_id in families.keys() | anchors.keys():
+                values = {"family": families.get(workload_id), "anchor": anchors.get(workload_id)}
+                s.execute(
+                    sa.update(WorkloadRow)
+                    .where(WorkloadRow.id == workload_id)
+                    .values({k: v for k, v in values.items() if v is not None})
+                )
 
     def get_workload_script(self, workload_id: int) -> str:
         """The TVMScript of a workload."""
