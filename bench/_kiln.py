@@ -18,6 +18,7 @@ from tuner.compile import build_untuned, random_inputs
 from tuner.entities import FusionSummary, JobSpec, Task
 from tuner.frontend import load_model
 from tuner.job import run_job, submit_job
+from tuner.metaschedule.database import KilnDatabase
 from tuner.models import register_model
 from tuner.recorder import TuningClock
 from tuner.settings import Settings
@@ -160,3 +161,15 @@ def _extract(archive: Path, dest: Path) -> None:
             tar.extractall(dest, filter="data")
         else:  # Python < 3.10.12 has no extraction filters; the archive is our own
             tar.extractall(dest)
+
+
+def import_records(sources: list[Store], target_key: str, into: Store) -> int:
+    """Copy the valid records of ``sources`` (their workloads too) into ``into``; the last record's id."""
+    database = KilnDatabase(into, target_key)
+    for source in sources:
+        for record in KilnDatabase(source, target_key).get_all_tuning_records():
+            secs = [float(s) for s in record.run_secs or []]
+            if secs and max(secs) < 1e9:
+                database.commit_tuning_record(record)
+    ids = [r.id for r in into.list_records(target_key=target_key)]
+    return max(ids, default=0)

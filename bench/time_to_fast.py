@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from _held_out_models import DEFAULT_MODELS, MODELS, describe, export
-from _kiln import _StageClock
+from _kiln import _StageClock, import_records
 from _report import chosen_models, command_line, fmt, load_line, start_run, table, write_json
 from _timing import Reps, interleaved, reps_for, save_inputs, time_in_fresh_process
 
@@ -159,18 +159,6 @@ def _snapshots(
     return snapshots
 
 
-def _import_records(sources: list[Store], target_key: str, into: Store) -> int:
-    """Copy the valid records of ``sources`` (their workloads too) into ``into``; the last record's id."""
-    database = KilnDatabase(into, target_key)
-    for source in sources:
-        for record in KilnDatabase(source, target_key).get_all_tuning_records():
-            secs = [float(s) for s in record.run_secs or []]
-            if secs and max(secs) < 1e9:
-                database.commit_tuning_record(record)
-    ids = [r.id for r in into.list_records(target_key=target_key)]
-    return max(ids, default=0)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -212,7 +200,7 @@ def main() -> None:
         for name in names:  # warm: every other model's cold records, none of its own
             settings, store = _open(work / "warm" / name, share=True)
             try:
-                prior = _import_records([stores[o] for o in names if o != name], target_key, store)
+                prior = import_records([stores[o] for o in names if o != name], target_key, store)
                 start = time.perf_counter()
                 job, started = _tune(store, settings, paths[name], name, warm[-1])
                 tuning_s[name]["warm"] = time.perf_counter() - start

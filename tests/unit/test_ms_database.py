@@ -14,7 +14,7 @@ import pytest
 
 from kiln_tvm import ms, register_cpu_tensor_intrinsics, s_tir, structural_hash, tvm
 from tuner.entities import JobSpec, ModelFormat, ModelSignature
-from tuner.metaschedule.database import KilnDatabase
+from tuner.metaschedule.database import ANCHOR_REACH, KilnDatabase
 from tuner.store import Store
 
 TARGET_KEY = "llvm|test-cpu|num-cores=2"
@@ -200,10 +200,14 @@ def test_anchor_records_are_the_same_operator_under_another_epilogue(store: Stor
     db.commit_tuning_record(make_record(legacy, [3e-4]))
 
     anchored = KilnDatabase(store, TARGET_KEY).anchor_records(matmul(120), k=3)
-    # The ReLU matmuls only (the plain ones are matmul(120)'s own family), nearest first, none elsewhere.
-    assert [tuple(r.args_info[0].shape)[0] for r in anchored] == [100, 256, 32]
-    assert [float(r.run_secs[0]) for r in anchored] == pytest.approx([3e-4, 4e-2, 1e-4])
+    # The ReLU matmuls only (the plain ones are matmul(120)'s own family), none of the other target, and
+    # of those only 100 within reach: 256 and 32 are more than twice as far per iterator.
+    assert [tuple(r.args_info[0].shape)[0] for r in anchored] == [100]
+    assert [float(r.run_secs[0]) for r in anchored] == pytest.approx([3e-4])
+    assert ANCHOR_REACH == 1.0
+    # Nearest first: 128, then 64 (0.91 apart per iterator).
     assert [tuple(r.args_info[0].shape)[0] for r in db.anchor_records(matmul(120, True), k=3)] == [128, 64]
+    assert [tuple(r.args_info[0].shape)[0] for r in db.anchor_records(matmul(200, True), k=3)] == [128]
     assert db.anchor_records(matmul(120), k=0) == []
 
 
