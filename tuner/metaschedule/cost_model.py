@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 CATCH_UP_LIMIT = 2048
 #: The scope of the shared pool of records (every owner's).
 SHARED_SCOPE = "*"
+#: The most samples a kept model holds (~270 bytes each in the store); the first-seen workloads' go first.
+MAX_KEPT_SAMPLES = 50_000
 #: XGBModel retrains when its samples have grown by a fifth; this holds a retrain off (see ``_learn``).
 _NEVER = 1 << 60
 
@@ -122,6 +124,7 @@ def keep_cost_model(
     _learn(model, [r for r in new if r.job_id != job_id], target)
     if model.booster is None:
         return None
+    trim_samples(model, MAX_KEPT_SAMPLES)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.tar"
         with warnings.catch_warnings():  # XGBoost's note that model.bin is written as UBJSON
@@ -136,6 +139,29 @@ def keep_cost_model(
         )
     store.save_cost_model(kept)
     return kept
+
+
+def trim_samples(model: Any, cap: int) -> int:
+    """Drop an XGBoost model's oldest training samples (the workloads it learnt first, then a workload's
+    first samples) until it holds at most ``cap``, so that a kept model does not grow with the store; its
+    trained booster is kept. Returns how many it dropped."""
+    dropped = 0
+    while model.data_size > cap and model.data:
+        oldest = next(iter(model.data))
+        group = model.data[oldest]
+        excess = model.data_size - cap
+        if len(group.features) <= excess:
+            del model.data[oldest]
+            removed = len(group.features)
+        else:  # this workload keeps its newest samples
+            group.features = group.features[excess:]
+            group.costs = group.costs[excess:]
+            group.min_cost = float(group.costs.min())
+            removed = excess
+        model.data_size -= removed
+        dropped += removed
+    model.last_train_size = min(model.last_train_size, model.data_size)
+    return dropped
 
 
 def _load(model: Any, tar: bytes) -> None:
