@@ -48,6 +48,17 @@ request_amx_permission()
 #: The root of MetaSchedule's loggers (its modules log under their own module names).
 METASCHEDULE_LOGGER = ms.__name__
 
+#: What TVM raises (through its FFI, as Python's built-in exceptions) when a schedule primitive refuses,
+#: a trace does not replay on a module, or a block or loop is not where the trace expects it.
+SCHEDULE_ERRORS: tuple[type[Exception], ...] = (
+    RuntimeError,
+    ValueError,
+    TypeError,
+    IndexError,
+    AttributeError,
+    KeyError,
+)
+
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
 
 
@@ -108,6 +119,7 @@ def estimate_flops(mod: tvm.IRModule) -> float:
 
 __all__ = [
     "METASCHEDULE_LOGGER",
+    "SCHEDULE_ERRORS",
     "PopenPoolExecutor",
     "RPCServer",
     "RPCTracker",

@@ -28,14 +28,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kiln_tvm import ms, s_tir, tvm
+from kiln_tvm import SCHEDULE_ERRORS, ms, s_tir, tvm
 
 #: The instruction whose decisions are tile factors of one loop.
 _PERFECT_TILE = "SamplePerfectTile"
 #: The instruction that splits a loop, by sampled factors or by numbers the trace fixed.
 _SPLIT = "Split"
-#: What TVM raises (through its FFI) when a trace does not replay or a block is not where it expects.
-_TVM_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError)
 
 
 def _top_blocks(func: Any) -> list[Any]:
@@ -60,7 +58,7 @@ def workload_family(mod: Any) -> str | None:
         return None
     try:
         blocks = _top_blocks(func)
-    except _TVM_ERRORS:
+    except SCHEDULE_ERRORS:
         return None
     if not blocks:
         return None
@@ -90,7 +88,7 @@ def anchor_family(mod: Any) -> str | None:
         return None
     try:
         anchor = _anchor(_top_blocks(func))
-    except _TVM_ERRORS:
+    except SCHEDULE_ERRORS:
         return None
     if anchor is None:
         return None
@@ -187,7 +185,7 @@ def transferred_schedule(trace: Any, mod: Any, postprocs: Sequence[Any]) -> s_ti
         sch.enter_postproc()
         if all(p.apply(sch) for p in postprocs):
             return sch
-    except _TVM_ERRORS:
+    except SCHEDULE_ERRORS:
         return None
     return None
 
@@ -250,7 +248,7 @@ def decisions_transferred(
             sch.enter_postproc()
             if all(p.apply(sch) for p in postprocs):
                 return sch
-        except _TVM_ERRORS:
+        except SCHEDULE_ERRORS:
             continue
     return None
 
@@ -282,7 +280,7 @@ def _replayed_with(
 
     try:
         trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provide)
-    except _TVM_ERRORS:
+    except SCHEDULE_ERRORS:
         return None
     return sch
 
@@ -305,7 +303,7 @@ def transferred_schedules(family: list[Any], anchored: list[Any], context: Any, 
     if anchored:
         try:
             spaces = list(context.space_generator.generate_design_space(context.mod))
-        except _TVM_ERRORS:  # a module the space does not take has no design space to fill
+        except SCHEDULE_ERRORS:  # a module the space does not take has no design space to fill
             return found
         for record in anchored:
             sch = decisions_transferred(record.trace, context.mod, spaces, postprocs)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from kiln_tvm import Target, ms, physical_core_count, s_tir, structural_hash
+from kiln_tvm import SCHEDULE_ERRORS, Target, ms, physical_core_count, s_tir, structural_hash
 from schedules.defaults import default_schedule
 from schedules.loops import fp32_lanes
 from schedules.poly.caches import CacheHierarchy
@@ -173,6 +173,6 @@ def _design_space_sample(context: Any) -> s_tir.Schedule | None:
             sch.enter_postproc()
             if all(p.apply(sch) for p in postprocs):
                 return sch
-        except (RuntimeError, ValueError):
+        except SCHEDULE_ERRORS:
             continue
     return None

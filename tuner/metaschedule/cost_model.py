@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from kiln_tvm import Target, derived_object, ms, physical_core_count, s_tir
+from kiln_tvm import SCHEDULE_ERRORS, Target, derived_object, ms, physical_core_count, s_tir
 from tuner.entities import NewRecord, StoredCostModel
 from tuner.store.sql import Store
 
@@ -188,7 +188,7 @@ def _learn(model: Any, records: list[NewRecord], target: Target) -> int:
             sch = s_tir.Schedule(workload.mod)
             try:
                 tuning.trace.apply_to_schedule(sch, remove_postproc=False)
-            except (RuntimeError, ValueError, TypeError, IndexError, AttributeError):
+            except SCHEDULE_ERRORS:
                 continue  # a trace of an older Kiln that no longer replays: nothing to learn from it
             candidates.append(ms.MeasureCandidate(sch, tuning.args_info))
             results.append(ms.runner.RunnerResult(run_secs=tuning.run_secs, error_msg=None))
