@@ -222,8 +222,9 @@ def _counts(decisions: dict[str, list[Any]]) -> dict[str, int]:
 def decisions_transferred(
     trace: Any, mod: Any, design_spaces: Sequence[Any], postprocs: Sequence[Any]
 ) -> s_tir.Schedule | None:
-    """The first of ``mod``'s design spaces (schedules from its space generator) that replays with the
-    decisions of ``trace`` (measured on a workload of ``mod``'s anchor family): each space's tile
+    """The first of ``mod``'s design spaces (schedules from its space generator; those whose instructions
+    most resemble ``trace``'s first) that replays with the decisions of ``trace`` (measured on a workload
+    of ``mod``'s anchor family): each space's tile
     decisions are replaced, in order, by the old ones adapted to the new extents, and its other sampled
     decisions by the old ones where the space samples as many of that kind. A space tiling a different
     number of loops, or at other depths, is passed over. None when no space takes them and passes
