@@ -2,7 +2,8 @@
 store warmed by the other models, side by side with onnxruntime and OpenVINO.
 
     .venv/bin/python bench/time_to_fast.py [--models resnet18,...] [--cold 0,1m,2m,5m,10m,30m]
-                                           [--warm 0,1m,2m,5m] [--rounds 3] [--quick]
+                                           [--warm 0,1m,2m,5m] [--rounds 3] [--quick] [--svg PATH]
+    .venv/bin/python bench/time_to_fast.py --report bench/work/time_to_fast-STAMP.json [--svg PATH]
 
 The models (bench/_held_out_models.py) are real architectures built with random weights by transformers'
 constructors: none of them is one of Kiln's own test or bench models.
@@ -27,6 +28,7 @@ checkpoint, and the share of its last cold latency each checkpoint reached.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -36,6 +38,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from _curves_svg import write_curves
 from _held_out_models import DEFAULT_MODELS, MODELS, describe, export
 from _kiln import _StageClock, import_records
 from _report import chosen_models, command_line, fmt, load_line, start_run, table, write_json
@@ -168,7 +171,24 @@ def main() -> None:
     parser.add_argument("--warm", default="0,1m,2m,5m", help="checkpoints of the warm runs ('' for none)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="fewer timed calls per round")
+    parser.add_argument("--svg", type=Path, default=None, help="where the curves go (default: the run's dir)")
+    parser.add_argument(
+        "--report",
+        metavar="RAW_JSON",
+        type=Path,
+        help="only print a finished run's table and draw its curves",
+    )
     args = parser.parse_args()
+    if args.report:
+        raw = json.loads(args.report.read_text())
+        seconds = {
+            c: sorted({s["seconds"] for r in raw["results"] for s in r["snapshots"] if s["condition"] == c})
+            for c in ("cold", "warm")
+        }
+        print(report(raw["results"], seconds["cold"], seconds["warm"], raw.get("failures")))
+        svg = write_curves(raw["results"], args.svg or args.report.with_suffix(".svg"))
+        print(f"curves: {svg}", file=sys.stderr)
+        return
     names = chosen_models(parser, args.models, tuple(MODELS))
     cold = _checkpoints(args.cold)
     warm = _checkpoints(args.warm) if args.warm else []
@@ -224,6 +244,7 @@ def main() -> None:
     print(text)
     meta.update({"command": command_line(), "results": results, "failures": failures})
     print(f"raw results: {write_json('time_to_fast', run_stamp, meta)}", file=sys.stderr)
+    print(f"curves: {write_curves(results, args.svg or work / 'curves.svg')}", file=sys.stderr)
 
 
 def _time_model(
