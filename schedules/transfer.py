@@ -125,6 +125,14 @@ def shape_distance(a: Sequence[int], b: Sequence[int]) -> float:
     return sum(abs(math.log2(x / y)) for x, y in zip(a, b, strict=True))
 
 
+def within_reach(a: Sequence[int], b: Sequence[int], reach: float) -> bool:
+    """Whether every extent of ``a`` is within a factor of ``2 ** reach`` of ``b``'s (False when their
+    iterators differ in number or either is symbolic)."""
+    if len(a) != len(b) or any(x <= 0 or y <= 0 for x, y in zip(a, b, strict=True)):
+        return False
+    return all(abs(math.log2(x / y)) <= reach for x, y in zip(a, b, strict=True))
+
+
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))

@@ -14,7 +14,7 @@ import pytest
 
 from kiln_tvm import ms, register_cpu_tensor_intrinsics, s_tir, structural_hash, tvm
 from tuner.entities import JobSpec, ModelFormat, ModelSignature
-from tuner.metaschedule.database import ANCHOR_REACH, KilnDatabase
+from tuner.metaschedule.database import TRANSFER_REACH, KilnDatabase
 from tuner.store import Store
 
 TARGET_KEY = "llvm|test-cpu|num-cores=2"
@@ -170,21 +170,25 @@ def test_a_failing_on_commit_hook_does_not_lose_the_record(store: Store) -> None
 
 def test_similar_records_are_the_same_operator_at_the_nearest_other_shape(store: Store) -> None:
     db = KilnDatabase(store, TARGET_KEY, job_id=make_job(store))
-    for n, secs in ((32, 1e-4), (128, 5e-3), (256, 4e-2)):
+    for n, secs in ((64, 1e-4), (128, 5e-3), (256, 4e-2)):
         db.commit_tuning_record(make_record(matmul(n), [secs]))
     db.commit_tuning_record(make_record(matmul(128), [6e-3]))  # a slower second record of 128
     KilnDatabase(store, OTHER_TARGET_KEY).commit_tuning_record(make_record(matmul(96), [1e-3]))
     # A workload stored before families were kept: its family is computed when first looked for.
-    legacy = matmul(48)
+    legacy = matmul(80)
     store.add_workload(structural_hash(legacy), json.dumps(ms.database.Workload(legacy).as_json()), "#")
     db.commit_tuning_record(make_record(legacy, [2e-4]))
 
     similar = KilnDatabase(store, TARGET_KEY).similar_records(matmul(100), k=3)
-    # Nearest first (128, 48, then 256 before 32), each workload's best record, none of the other target.
-    assert [tuple(r.args_info[0].shape)[0] for r in similar] == [128, 48, 256]
-    assert [float(r.run_secs[0]) for r in similar] == pytest.approx([5e-3, 2e-4, 4e-2])
-    assert [tuple(r.args_info[0].shape)[0] for r in db.similar_records(matmul(128), k=5)] == [256, 48, 32]
+    # Nearest first (80, 128, 64), each workload's best record, none of the other target, and not 256:
+    # more than twice as far per iterator (the reach).
+    assert TRANSFER_REACH == 1.0
+    assert [tuple(r.args_info[0].shape)[0] for r in similar] == [80, 128, 64]
+    assert [float(r.run_secs[0]) for r in similar] == pytest.approx([2e-4, 5e-3, 1e-4])
+    # From 128: 80, then 256 and 64 (both exactly twice as far: the newer first).
+    assert [tuple(r.args_info[0].shape)[0] for r in db.similar_records(matmul(128), k=5)] == [80, 256, 64]
     assert db.similar_records(matmul(100), k=0) == []
+    assert db.similar_records(matmul(1024), k=3) == []  # nothing within reach
 
 
 def test_anchor_records_are_the_same_operator_under_another_epilogue(store: Store) -> None:
@@ -204,7 +208,6 @@ def test_anchor_records_are_the_same_operator_under_another_epilogue(store: Stor
     # of those only 100 within reach: 256 and 32 are more than twice as far per iterator.
     assert [tuple(r.args_info[0].shape)[0] for r in anchored] == [100]
     assert [float(r.run_secs[0]) for r in anchored] == pytest.approx([3e-4])
-    assert ANCHOR_REACH == 1.0
     # Nearest first: 128, then 64 (0.91 apart per iterator).
     assert [tuple(r.args_info[0].shape)[0] for r in db.anchor_records(matmul(120, True), k=3)] == [128, 64]
     assert [tuple(r.args_info[0].shape)[0] for r in db.anchor_records(matmul(200, True), k=3)] == [128]

@@ -20,6 +20,7 @@ from schedules.transfer import (
     sampled_decisions,
     shape_distance,
     transferred_schedule,
+    within_reach,
     workload_family,
 )
 from tuner.targets import host_target, to_tvm_target
@@ -102,6 +103,14 @@ def test_one_operator_at_other_shapes_is_one_family_and_another_operator_is_not(
     assert workload_family(matmul(64, 128, 256, relu=False)) != family  # another epilogue
     assert workload_family(matmul(64, 128, 256, dtype="float16")) != family  # another dtype
     assert iteration_extents(matmul(64, 128, 256)) == [64, 128, 256, 64, 128]
+
+
+def test_a_shape_is_within_reach_when_every_extent_is() -> None:
+    assert within_reach([128, 768, 3072], [197, 384, 1536], 1.0)  # each within 2x
+    assert not within_reach([128, 768, 3072], [1, 2, 1280], 1.0)  # a GEMV is no tiling for a GEMM
+    # A 3x3 convolution and a 1x1 one: close on the mean of the iterators, but not on the window's.
+    assert not within_reach([1, 28, 28, 128, 3, 3, 128], [1, 28, 28, 144, 1, 1, 96], 1.0)
+    assert not within_reach([64], [64, 1], 1.0) and not within_reach([0, 8], [4, 8], 1.0)
 
 
 def test_shape_distance_is_the_sum_of_log_ratios() -> None:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from kiln_tvm import derived_object, ms, structural_equal, structural_hash, tuning_record_json, tvm
-from schedules.transfer import anchor_family, iteration_extents, shape_distance, workload_family
+from schedules.transfer import anchor_family, iteration_extents, shape_distance, within_reach, workload_family
 from tuner.entities import StoredWorkload
 from tuner.store.sql import Store
 
@@ -24,12 +24,14 @@ TuningRecord = ms.database.TuningRecord
 
 OnCommit = Callable[[int, list[float]], None]
 
-#: How far (the mean |log2| of its iterators' extent ratios) an anchor's shape may be from the new one for
-#: its record's decisions to be tried: a tiling of another shape is a guess, and the polyhedral model's
-#: (next in the order of trust) knows the shape. ResNet-18's 3x3 convolutions given the decisions of ViT's
-#: 16x16-patch convolution (2.2 apart per iterator) ran 20.3 ms against 19.0 ms with the model's tilings
-#: (Zen 4, 2026-12-05; 3 rounds, within this VM's noise of about 8 %, so no evidence either way).
-ANCHOR_REACH = 1.0
+#: How far (|log2| of the ratio of their extents, on every iterator) a similar workload's shape may be
+#: from the new one for its record to be transferred: a tiling of a far shape is a guess, and the
+#: polyhedral model's (next in the order of trust) knows the shape. Without it, GPT-2's 128x768x3072
+#: matmuls took the record of MobileNetV2's 1x1280x2 classifier GEMV (the only matmul+add in the store)
+#: and ran 58-82 ms each, the model 728 ms against 75 ms cold; and ResNet-18's 3x3 convolutions took the
+#: decisions of MobileNetV2's 1x1 ones, 22.0 ms in all against 18.0 ms with the model's tilings (Zen 4,
+#: 2026-12-05, summed kernel latencies).
+TRANSFER_REACH = 1.0
 
 
 @derived_object
@@ -119,8 +121,9 @@ class KilnDatabase(ms.database.PyDatabase):
 
     def similar_records(self, mod: tvm.IRModule, k: int = 3) -> list[TuningRecord]:
         """The best record of each of the ``k`` stored workloads of ``mod``'s family (the same operator
-        at other shapes) measured on this database's target, the nearest shape first; ``mod`` itself is
-        left out. Workloads stored before families were kept get theirs computed here, once."""
+        at other shapes) measured on this database's target, the nearest shape first, none further than
+        :data:`TRANSFER_REACH`; ``mod`` itself is left out. Workloads stored before families were kept
+        get theirs computed here, once."""
         family = workload_family(mod)
         if family is None or k <= 0:
             return []
@@ -133,7 +136,7 @@ class KilnDatabase(ms.database.PyDatabase):
     def anchor_records(self, mod: tvm.IRModule, k: int = 3) -> list[TuningRecord]:
         """As :meth:`similar_records`, for the stored workloads sharing ``mod``'s anchor (its first
         reduction block) under another fused epilogue, the nearest anchor shape first, none further than
-        :data:`ANCHOR_REACH`; workloads of ``mod``'s own family are left out (:meth:`similar_records` has
+        :data:`TRANSFER_REACH`; workloads of ``mod``'s own family are left out (:meth:`similar_records` has
         them)."""
         anchor = anchor_family(mod)
         if anchor is None or k <= 0:
@@ -147,7 +150,7 @@ class KilnDatabase(ms.database.PyDatabase):
             )
             if workload_family(self._load(w.id, w.workload_json).mod) != family
         ]
-        return self._nearest_best(mod, stored, k, anchor_only=True, reach=ANCHOR_REACH)
+        return self._nearest_best(mod, stored, k, anchor_only=True)
 
     def _nearest_best(
         self,
@@ -155,7 +158,6 @@ class KilnDatabase(ms.database.PyDatabase):
         stored: list[StoredWorkload],
         k: int,
         anchor_only: bool,
-        reach: float | None = None,
     ) -> list[TuningRecord]:
         own = self.workload_id(mod)
         extents = iteration_extents(mod, anchor_only)
@@ -164,10 +166,10 @@ class KilnDatabase(ms.database.PyDatabase):
             if row.id == own:
                 continue
             workload = self._load(row.id, row.workload_json)
-            distance = shape_distance(extents, iteration_extents(workload.mod, anchor_only))
-            if reach is not None and distance > reach * len(extents):
+            theirs = iteration_extents(workload.mod, anchor_only)
+            if not within_reach(extents, theirs, TRANSFER_REACH):
                 continue
-            ranked.append((distance, row.id, workload))
+            ranked.append((shape_distance(extents, theirs), row.id, workload))
         ranked.sort(key=lambda item: (item[0], -item[1]))
         records = []
         for _, _, workload in ranked[:k]:
