@@ -4,6 +4,7 @@ store warmed by the other models, side by side with onnxruntime and OpenVINO.
     .venv/bin/python bench/time_to_fast.py [--models resnet18,...] [--cold 0,1m,2m,5m,10m,30m]
                                            [--warm 0,1m,2m,5m] [--rounds 3] [--quick] [--svg PATH]
     .venv/bin/python bench/time_to_fast.py --report bench/work/time_to_fast-STAMP.json [--svg PATH]
+    .venv/bin/python bench/time_to_fast.py --zero-from bench/work/time_to_fast-STAMP.json [--rounds 3]
 
 The models (bench/_held_out_models.py) are real architectures built with random weights by transformers'
 constructors: none of them is one of Kiln's own test or bench models.
@@ -178,7 +179,16 @@ def main() -> None:
         type=Path,
         help="only print a finished run's table and draw its curves",
     )
+    parser.add_argument(
+        "--zero-from",
+        metavar="RAW_JSON",
+        type=Path,
+        help="rebuild a finished run's 0 s snapshots (cold and warm) with this Kiln and time them again",
+    )
     args = parser.parse_args()
+    if args.zero_from:
+        _zero_again(args.zero_from, reps_for(args.quick, args.rounds))
+        return
     if args.report:
         raw = json.loads(args.report.read_text())
         seconds = {
@@ -245,6 +255,31 @@ def main() -> None:
     meta.update({"command": command_line(), "results": results, "failures": failures})
     print(f"raw results: {write_json('time_to_fast', run_stamp, meta)}", file=sys.stderr)
     print(f"curves: {write_curves(results, args.svg or work / 'curves.svg')}", file=sys.stderr)
+
+
+def _zero_again(raw_json: Path, reps: Reps) -> None:
+    """The zero-trial artifacts of a finished run rebuilt by this Kiln from the same stores (cold: no
+    record; warm: the other models' records only), timed side by side with the peers."""
+    run_dir = raw_json.with_suffix("")
+    names = [r["model"]["name"] for r in json.loads(raw_json.read_text())["results"]]
+    run_stamp, work, meta = start_run("time_to_fast_zero")
+    print(load_line(), file=sys.stderr)
+    results = []
+    for name in names:
+        onnx_path = run_dir / "models" / f"{name}.onnx"
+        snaps = []
+        for condition in ("cold", "warm"):
+            settings, store = _open(run_dir / condition / name, share=condition == "warm")
+            job = store.list_jobs()[0]
+            # What the store held before the job: the records it imported (no job's), none when cold.
+            prior = max((r.id for r in store.list_records() if r.job_id is None), default=0)
+            snaps += _snapshots(
+                store, settings, onnx_path, job, job.created_at, [0.0], condition, work / name, prior
+            )
+        results.append(_time_model(name, onnx_path, snaps, {}, work / name, reps))
+    print(report(results, [0.0], [0.0]))
+    meta.update({"command": command_line(), "from": str(raw_json), "results": results})
+    print(f"raw results: {write_json('time_to_fast_zero', run_stamp, meta)}", file=sys.stderr)
 
 
 def _time_model(
