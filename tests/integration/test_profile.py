@@ -36,8 +36,10 @@ def test_a_tuned_cnn_is_profiled_kernel_by_kernel_under_the_roofline(
     # 128x128 (~0.8 ms a run): at 64x64 (~0.2 ms) an Intel Xeon VM spent 66 us of a 225 us run outside the
     # kernels (29 %; 17 % at 128x128), the VM's own work between ~14 kernel calls weighing more on a tiny run.
     onnx.save(build_small_cnn(image_size=128), str(path))
+    # 24 trials: with 8, some runs left a convolution at twice its tuned time, and its time in place
+    # then fell short of its time in the run by a quarter of the run (seen twice in six runs, Zen 4).
     model, _ = register_model(sqlite_store, settings, path)
-    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=8))
+    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=24))
     result = run_job(sqlite_store, settings, job.id)
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
 
