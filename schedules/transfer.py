@@ -190,6 +190,14 @@ def transferred_schedule(trace: Any, mod: Any, postprocs: Sequence[Any]) -> s_ti
 
     try:
         trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=adapt)
+    except SCHEDULE_ERRORS:
+        return None
+    return postprocessed(sch, postprocs)
+
+
+def postprocessed(sch: s_tir.Schedule, postprocs: Sequence[Any]) -> s_tir.Schedule | None:
+    """``sch`` with ``postprocs`` applied, as every measured candidate is; None when one refuses it."""
+    try:
         sch.enter_postproc()
         if all(p.apply(sch) for p in postprocs):
             return sch
@@ -251,14 +259,8 @@ def decisions_transferred(
         if counts.get(_PERFECT_TILE, 0) != len(tiles):
             continue
         sch = _replayed_with(space.trace, mod, old, counts)
-        if sch is None:
-            continue
-        try:
-            sch.enter_postproc()
-            if all(p.apply(sch) for p in postprocs):
-                return sch
-        except SCHEDULE_ERRORS:
-            continue
+        if sch is not None and postprocessed(sch, postprocs) is not None:
+            return sch
     return None
 
 

@@ -26,7 +26,7 @@ from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, space_for
-from schedules.transfer import transferred_schedules
+from schedules.transfer import postprocessed, transferred_schedules
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +170,8 @@ def _design_space_sample(context: Any) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(mod, seed=1)
         try:
             space.trace.apply_to_schedule(sch, remove_postproc=True)
-            sch.enter_postproc()
-            if all(p.apply(sch) for p in postprocs):
-                return sch
         except SCHEDULE_ERRORS:
             continue
+        if postprocessed(sch, postprocs) is not None:
+            return sch
     return None
