@@ -22,6 +22,7 @@ from tuner.entities import KernelProfile, MachineLimits, ModelProfile, Onnxrunti
 from tuner.errors import Conflict
 from tuner.measure import run_child
 from tuner.profile_match import KilnCall, OrtNode, match_nodes
+from tuner.profile_runs import RUN_WINDOWS
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key
 
@@ -36,7 +37,8 @@ HOW = (
     "Kiln: each kernel timed in place, on the tensors it gets in a run of the compiled model (TVM's "
     "time_evaluator just before its call; median of 5 repeats, the lower of two passes); the rest of the "
     "run (the VM's own work, and what running in sequence costs the kernels) is the model's run "
-    "(median, uninstrumented, in the same process) less its kernels. FLOPs from each kernel's TIR; bytes = "
+    f"(uninstrumented, in the same process: the lowest median of {RUN_WINDOWS} short windows around the passes) less "
+    "its kernels. FLOPs from each kernel's TIR; bytes = "
     "its argument tensors (each read or written once: the least it can move; a kernel whose data stays in "
     "the caches can run above the memory roof). onnxruntime: its own profiler (enable_profiling), median "
     "per node. The roofline: this machine's measured fp32 FMA peak and STREAM triad bandwidth (kiln machine)."

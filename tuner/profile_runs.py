@@ -5,10 +5,10 @@
   its arguments. Each kernel is timed **in place**: in one run of the model, just before its own call,
   TVM's ``time_evaluator`` runs it on the very tensors it gets (the median of a few repeats, timed in C++:
   no Python between the calls, and its inputs as warm in the caches as its producer left them), in two
-  passes, the lower of each call's two times kept. Between them the same process times the model's run,
-  uninstrumented; the run less its kernels is the VM's own work and what running in sequence costs the
-  kernels (caches their producer did not warm for them, threads to wake)
-  (allocation, shape checks, the calls themselves). Timing every call from Python around it instead
+  passes, the lower of each call's two times kept. Before, between and after them the same process times
+  the model's run, uninstrumented, in short windows (the lowest window's median kept); the run less its
+  kernels is the VM's own work (allocation, shape checks, the calls themselves) and what running in
+  sequence costs the kernels (caches their producer did not warm for them, threads to wake). Timing every call from Python around it instead
   added 1-2 µs of argument conversion per call, more than most builtins take, and varied by 2x from one
   process to the next on a 2-core VM (a small CNN's profile: 235-466 µs so, 222-245 µs in place). Arguments are
   sized once (their total is the bytes a kernel moves at the least).
@@ -35,6 +35,8 @@ MIN_RUNS = 5
 MAX_RUNS = 50
 WARMUP_RUNS = 2
 _RUNTIME_PREFIX = "vm."
+#: Windows the model's run is timed in: a third before, between and after the two in-place passes.
+RUN_WINDOWS = 6
 #: Repeats of each kernel timed in place, and the bounds on one repeat's time.
 _REPEATS = 5
 _MIN_REPEAT_MS = 1.0
@@ -61,8 +63,8 @@ def _run_count(run: Any, budget_s: float) -> int:
 def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> dict[str, Any]:
     """Every call of one run of the compiled model at ``path``: its function's name, the bytes of its
     arguments and, for a kernel, its time (µs) timed in place (the lower of two passes); and the median of
-    the model's runs (µs), uninstrumented, timed after each pass over about a sixth of ``budget_s`` (the
-    lower of the two)."""
+    the model's runs (µs), uninstrumented, in ``RUN_WINDOWS`` windows around the passes that take about a
+    third of ``budget_s`` together (the lowest window's)."""
     from kiln_tvm import tvm
     from tuner.compile import LoadedModel
     from tuner.measure import median_call_ms
@@ -84,24 +86,28 @@ def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> di
 
     model.vm.set_instrument(listing)
     call()
+    model.vm.set_instrument(None)
     kernels = sum(not n.startswith(_RUNTIME_PREFIX) for n in names)
     # Two in-place passes with the run's timing between them, each call's time the lower of its two:
     # a burst of other work on a 2-core machine (seen once: half the kernels of a ResNet-18 timed at one
     # thread's speed for a second) then costs one pass, not the profile.
     repeat_ms = min(_MAX_REPEAT_MS, max(_MIN_REPEAT_MS, budget_s * 1e3 / 3 / _REPEATS / max(kernels, 1)))
-    # The run is timed likewise after each pass, its figure the lower median of the two: a burst that
-    # slows one timing (seen: a run timed at 1.49x the job's own measurement of the same model, beside
-    # kernels that added up to that measurement) then costs one timing, not the profile.
+    # The run is timed in RUN_WINDOWS short windows spread around the passes, its figure the lowest
+    # window's median: on a 2-core VM the same model's run is slowed by a third to a half for a second at
+    # a time (seen: 0.77 ms in one window, 1.36 ms in the next, nothing else running), and a burst then
+    # costs the windows it overlaps, not the profile.
+    window_s = budget_s / 3 / RUN_WINDOWS
+    windows: list[tuple[float, int]] = []
     passes = []
-    run_ms, runs = math.inf, 0
-    for _ in range(2):
-        in_place = _InPlaceTimer(tvm, lib, repeat_ms)
-        model.vm.set_instrument(in_place)
-        call()
-        model.vm.set_instrument(None)
-        passes.append(in_place.times)
-        median_ms, count = median_call_ms(call, budget_s / 6)
-        run_ms, runs = min(run_ms, median_ms), runs + count
+    for step in range(3):  # windows, a pass, windows, a pass, windows
+        windows += [median_call_ms(call, window_s) for _ in range(RUN_WINDOWS // 3)]
+        if step < 2:
+            in_place = _InPlaceTimer(tvm, lib, repeat_ms)
+            model.vm.set_instrument(in_place)
+            call()
+            model.vm.set_instrument(None)
+            passes.append(in_place.times)
+    run_ms, runs = min(ms for ms, _ in windows), sum(count for _, count in windows)
     times = iter(min(pair) for pair in zip(*passes, strict=True))
     return {
         "runs": runs,
