@@ -52,7 +52,6 @@ from tuner.compile import build_tuned, random_inputs
 from tuner.entities import JobSpec, JobStatus
 from tuner.frontend import load_model
 from tuner.job import job_caches, run_job, submit_job
-from tuner.metaschedule.cost_model import cost_model_up_to
 from tuner.metaschedule.database import KilnDatabase
 from tuner.models import register_model
 from tuner.schedule_choice import choose_schedules
@@ -129,12 +128,9 @@ def _snapshots(
     condition: str,
     out: Path,
     floor_record: int,
-    ranked: bool = True,
 ) -> list[Snapshot]:
     """The artifact at each checkpoint, rebuilt from the records stored by then (and every record up to
-    ``floor_record``, those of the store before the job); ``ranked``: a kernel without a record gets the
-    schedule a cost model trained on those records predicts fastest, as in a job, else the first in the
-    order of trust."""
+    ``floor_record``, those of the store before the job)."""
     target = to_tvm_target(job.spec.target)
     plan = plan_graph(
         load_model(onnx_path).mod,
@@ -153,12 +149,7 @@ def _snapshots(
         database = KilnDatabase(
             store, job.target_key, owner=settings.record_scope(job.owner), max_record_id=cutoff
         )
-        # The cost model the job's compile stage would rank unmeasured schedules with at this checkpoint.
-        scope = settings.record_scope(job.owner)
-        ranker = cost_model_up_to(store, target, job.target_key, scope, cutoff) if ranked else None
-        chosen, choices = choose_schedules(
-            plan.tasks, target, database, job_caches(settings, job.spec), ranker
-        )
+        chosen, choices = choose_schedules(plan.tasks, target, database, job_caches(settings, job.spec))
         library = export_library(
             build_tuned(plan, target, chosen),
             out / f"{condition}-{int(seconds)}s.so",
@@ -285,50 +276,10 @@ def _zero_again(raw_json: Path, reps: Reps) -> None:
             snaps += _snapshots(
                 store, settings, onnx_path, job, job.created_at, [0.0], condition, work / name, prior
             )
-            if condition == "warm":  # the same, each kernel taking the first schedule in the order of trust
-                snaps += _snapshots(
-                    store,
-                    settings,
-                    onnx_path,
-                    job,
-                    job.created_at,
-                    [0.0],
-                    UNRANKED,
-                    work / name,
-                    prior,
-                    False,
-                )
         results.append(_time_model(name, onnx_path, snaps, {}, work / name, reps))
     print(report(results, [0.0], [0.0]))
-    print(_ranking_report(results))
     meta.update({"command": command_line(), "from": str(raw_json), "results": results})
     print(f"raw results: {write_json('time_to_fast_zero', run_stamp, meta)}", file=sys.stderr)
-
-
-#: The condition of the warm zero-trial artifact built without the cost model's ranking.
-UNRANKED = "warm-unranked"
-
-
-def _ranking_report(results: list[dict[str, Any]]) -> str:
-    """The warm zero-trial artifacts with and without the cost model's ranking, side by side."""
-    lines = [
-        "warm store, 0 s: ranked by the cost model vs the order of trust alone (ms; onnxruntime ms / Kiln ms)"
-    ]
-    ratios = []
-    for result in results:
-        runs, ort = result["runs"], result["runs"]["onnxruntime"]["ms"]
-        ranked, unranked = runs["warm@0"]["ms"], runs[f"{UNRANKED}@0"]["ms"]
-        ratios.append((ort / ranked, ort / unranked))
-        lines.append(
-            f"  {result['model']['name']:16s} ranked {ranked:8.2f} ({ort / ranked:.2f}x)   "
-            f"order of trust {unranked:8.2f} ({ort / unranked:.2f}x)"
-        )
-    if ratios:
-        lines.append(
-            f"  geomean: ranked {_geomean([r for r, _ in ratios]):.2f}x, order of trust "
-            f"{_geomean([u for _, u in ratios]):.2f}x"
-        )
-    return "\n".join(lines)
 
 
 def _time_model(

@@ -29,7 +29,7 @@ from tuner.failures import crash_report_path, describe_failure, write_crash_repo
 from tuner.frontend import ImportedModel, check_given_shape, load_model
 from tuner.job_guard import InProcessGuard, cli_worker_name
 from tuner.manifest import job_manifest
-from tuner.metaschedule.cost_model import keep_cost_model, load_cost_model, trained_ranker
+from tuner.metaschedule.cost_model import keep_cost_model, load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.models import model_file
 from tuner.plan_keys import preview_refusal
@@ -288,7 +288,6 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     # A resumed job spends what its earlier attempts left of the trials and of the time.
     trials_left = None if spec.trials is None else max(0, spec.trials - recorder.trials_done)
     budget = Budget(trials_left, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
-    cost_model = None
     with recorder.tuning(spec.time_budget_s, job.tuning_s) as clock:
         time_left = clock.remaining_s()
         if trials_left != 0 and (time_left is None or time_left > 0):
@@ -325,12 +324,7 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     build_dir = settings.jobs_dir / job.id / "build"
     # A kernel without a measured record gets the best schedule Kiln can build without measuring (the
     # same choice as the torch.compile backend's), never serial loops.
-    # A trained cost model picks, for each of them, the candidate it predicts fastest.
-    if cost_model is None and spec.cost_model == "xgb":  # nothing tuned: the kept one, taught and kept
-        cost_model, learnt_up_to = load_cost_model(store, target, job.target_key, scope)
-        keep_cost_model(store, cost_model, target, job.target_key, scope, learnt_up_to, job.id)
-    ranker = trained_ranker(cost_model) if cost_model is not None else None
-    chosen, choices = choose_schedules(plan.tasks, target, database, job_caches(settings, spec), ranker)
+    chosen, choices = choose_schedules(plan.tasks, target, database, job_caches(settings, spec))
     store.set_schedule_sources(
         {task.id: choice.source.value for task, choice in zip(recorder.tasks, choices, strict=True)}
     )

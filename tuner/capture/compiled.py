@@ -17,7 +17,6 @@ from tuner.capture.options import CaptureOptions
 from tuner.compile import LoadedModel, build_tuned
 from tuner.entities import JobStatus
 from tuner.frontend.torch import convert_program, decompose_program
-from tuner.metaschedule.cost_model import load_cost_model, trained_ranker
 from tuner.metaschedule.database import KilnDatabase
 from tuner.schedule_choice import KernelChoice, ScheduleSource, choose_schedules
 from tuner.store.sql import Store
@@ -113,13 +112,9 @@ class CompiledGraph:
                 settings.fast_math,
             )
         store = self._store_factory()
-        scope = settings.record_scope(self.options.owner)
-        database = KilnDatabase(store, self.target_key, owner=scope)
-        # The cost model kept for this target picks among the schedules built without measuring, as a
-        # job's compile stage does.
-        ranker = trained_ranker(load_cost_model(store, self.tvm_target, self.target_key, scope)[0])
+        database = KilnDatabase(store, self.target_key, owner=settings.record_scope(self.options.owner))
         memory, choices = choose_schedules(
-            self.plan.tasks, self.tvm_target, database, host_caches(settings.cache_sizes), ranker
+            self.plan.tasks, self.tvm_target, database, host_caches(settings.cache_sizes)
         )
         self.report.kernels = choices
         return LoadedModel(build_tuned(self.plan, self.tvm_target, memory))

@@ -58,23 +58,6 @@ def trained_samples(model: Any) -> int:
     return int(model.data_size)
 
 
-def trained_ranker(ranking: Any) -> Any | None:
-    """The XGBoost model of ``ranking`` (a :class:`RankingCostModel`) when it has learnt enough samples to
-    rank candidates, else None (an untrained one ranks them at random)."""
-    return ranking.model if trained_samples(ranking.model) > 0 else None
-
-
-def cost_model_up_to(
-    store: Store, target: Target, target_key: str, scope: str | None, up_to_record: int
-) -> Any | None:
-    """What :func:`trained_ranker` gives a job that starts on a store holding no kept model and only the
-    records up to ``up_to_record``: a new model taught the newest :data:`CATCH_UP_LIMIT` of them."""
-    cores = int(target.attrs.get("num-cores", physical_core_count())) if target.kind.name == "llvm" else 1
-    model = xgb_model(cores)
-    _learn(model, store.records_since(target_key, 0, scope, CATCH_UP_LIMIT, up_to_id=up_to_record), target)
-    return trained_ranker(RankingCostModel(model))
-
-
 @derived_object
 class RankingCostModel(ms.cost_model.PyCostModel):
     """An XGBoost model that notes, per task, how many samples had trained it when the search first asked

@@ -366,15 +366,9 @@ class RecordQueries(StoreBase):
             ]
 
     def records_since(
-        self,
-        target_key: str,
-        after_id: int,
-        owner: str | None = None,
-        limit: int = 4096,
-        up_to_id: int | None = None,
+        self, target_key: str, after_id: int, owner: str | None = None, limit: int = 4096
     ) -> list[NewRecord]:
-        """The newest ``limit`` valid records of a target stored after record ``after_id`` (and none after
-        ``up_to_id``), oldest first."""
+        """The newest ``limit`` valid records of a target stored after record ``after_id``, oldest first."""
         query = (
             sa.select(
                 TuningRecordRow.id,
@@ -392,8 +386,6 @@ class RecordQueries(StoreBase):
             .order_by(TuningRecordRow.id.desc())
             .limit(limit)
         )
-        if up_to_id is not None:
-            query = query.where(TuningRecordRow.id <= up_to_id)
         with self.session_scope(write=False) as s:
             return [NewRecord(*row) for row in reversed(s.execute(of_owner(query, owner)).all())]
 
