@@ -37,11 +37,11 @@ HOW = (
     "Kiln: each kernel timed in place, on the tensors it gets in a run of the compiled model (TVM's "
     "time_evaluator just before its call; median of 5 repeats, the lower of two passes); the rest of the "
     "run (the VM's own work, and what running in sequence costs the kernels) is the model's run "
-    f"(uninstrumented, in the same process: the lowest median of {RUN_WINDOWS} short windows around the passes) less "
-    "its kernels. FLOPs from each kernel's TIR; bytes = "
-    "its argument tensors (each read or written once: the least it can move; a kernel whose data stays in "
-    "the caches can run above the memory roof). onnxruntime: its own profiler (enable_profiling), median "
-    "per node. The roofline: this machine's measured fp32 FMA peak and STREAM triad bandwidth (kiln machine)."
+    f"(uninstrumented, in the same process: the lowest median of {RUN_WINDOWS} short windows around the "
+    "passes) less its kernels. FLOPs from each kernel's TIR; bytes = its argument tensors (each read or "
+    "written once: the least it can move; a kernel whose data stays in the caches can run above the memory "
+    "roof). onnxruntime: its own profiler (enable_profiling), median per node. The roofline: this "
+    "machine's measured fp32 FMA peak and STREAM triad bandwidth (kiln machine)."
 )
 
 

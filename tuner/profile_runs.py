@@ -8,10 +8,11 @@
   passes, the lower of each call's two times kept. Before, between and after them the same process times
   the model's run, uninstrumented, in short windows (the lowest window's median kept); the run less its
   kernels is the VM's own work (allocation, shape checks, the calls themselves) and what running in
-  sequence costs the kernels (caches their producer did not warm for them, threads to wake). Timing every call from Python around it instead
-  added 1-2 µs of argument conversion per call, more than most builtins take, and varied by 2x from one
-  process to the next on a 2-core VM (a small CNN's profile: 235-466 µs so, 222-245 µs in place). Arguments are
-  sized once (their total is the bytes a kernel moves at the least).
+  sequence costs the kernels (caches their producer did not warm for them, threads to wake). Timing every
+  call from Python around it instead added 1-2 µs of argument conversion per call, more than most
+  builtins take, and varied by 2x from one process to the next on a 2-core VM (a small CNN's profile:
+  235-466 µs so, 222-245 µs in place). Arguments are sized once (their total is the bytes a kernel moves
+  at the least).
 * **onnxruntime**: its own profiler (``enable_profiling``) writes one event per node per run; the same
   medians are taken per node, in the order the nodes ran.
 """
@@ -88,7 +89,7 @@ def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> di
     call()
     model.vm.set_instrument(None)
     kernels = sum(not n.startswith(_RUNTIME_PREFIX) for n in names)
-    # Two in-place passes with the run's timing between them, each call's time the lower of its two:
+    # Two in-place passes, each call's time the lower of its two:
     # a burst of other work on a 2-core machine (seen once: half the kernels of a ResNet-18 timed at one
     # thread's speed for a second) then costs one pass, not the profile.
     repeat_ms = min(_MAX_REPEAT_MS, max(_MIN_REPEAT_MS, budget_s * 1e3 / 3 / _REPEATS / max(kernels, 1)))
