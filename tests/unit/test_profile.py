@@ -1,11 +1,13 @@
 """A compiled model's profile: onnxruntime's profiler JSON summarised per node, its nodes matched to Kiln's
 kernel calls, the rows built and placed under the roofline, the profile and the machine's limits kept in
-the store, and a real compiled model profiled call by call."""
+the store, a real compiled model profiled call by call, and a profile whose kernels and run disagree
+taken again."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -222,3 +224,39 @@ def test_a_compiled_model_is_profiled_call_by_call(tmp_path: Path) -> None:
     convs = [c for c in calls["calls"] if c["name"].startswith("conv2d")]
     assert len(convs) == 3 and all(c["bytes"] > 0 and c["us"] > 0 for c in convs)
     assert flops["conv2d"] > 0 and np.isfinite(sum(c["us"] for c in convs))
+
+
+def _child_result(kernels_us: float, run_us: float) -> dict[str, Any]:
+    return {
+        "runs": 5,
+        "run_us": run_us,
+        "calls": [
+            {"name": "conv", "bytes": 1, "us": kernels_us},
+            {"name": "vm.builtin.x", "bytes": 0, "us": None},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("attempts", "kept", "taken"),
+    [
+        ([(700.0, 1000.0), (950.0, 1000.0), (500.0, 1000.0)], 1, 2),  # the second agrees: no third
+        ([(700.0, 1000.0), (1300.0, 1000.0), (820.0, 1000.0)], 2, 3),  # none agrees: the nearest
+        ([(990.0, 1000.0)], 0, 1),
+    ],
+)
+def test_a_profile_whose_kernels_and_run_disagree_is_taken_again_and_the_nearest_kept(
+    monkeypatch: pytest.MonkeyPatch, attempts: list[tuple[float, float]], kept: int, taken: int
+) -> None:
+    import tuner.profile as profile
+
+    results = [_child_result(k, r) for k, r in attempts]
+    requests: list[list[str]] = []
+
+    def child(request: list[str], timeout_s: float = 600) -> dict[str, Any]:
+        requests.append(request)
+        return results[len(requests) - 1]
+
+    monkeypatch.setattr(profile, "run_child", child)
+    assert profile._consistent_profile(["tvm-profile", "m.so", "in.npz", "2.0"]) is results[kept]
+    assert len(requests) == taken and profile.PROFILE_TRIES == 3
