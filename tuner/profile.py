@@ -22,7 +22,7 @@ from tuner.entities import KernelProfile, MachineLimits, ModelProfile, Onnxrunti
 from tuner.errors import Conflict
 from tuner.measure import run_child
 from tuner.profile_match import KilnCall, OrtNode, match_nodes
-from tuner.profile_runs import RUN_WINDOWS
+from tuner.profile_runs import RUN_WINDOWS, RUNTIME_PREFIX
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key
 
@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 #: i.e. the VM's own work (allocation, shape checks, reshapes, the calls) and what running in sequence
 #: costs the kernels (caches their producer did not warm, threads to wake); its calls: the VM's builtins.
 RUNTIME_ROW = "VM runtime (the rest of the run)"
-_RUNTIME_PREFIX = "vm."
 #: Kernels and run that disagree by more than this share of the run: the profile is taken again, in a
 #: fresh process (at most PROFILE_TRIES in all). On the 2-core VM a model's run slows by half for seconds
 #: at a time with nothing else running (the same artifact: 0.76 ms, then 1.2 ms for a whole process), and
@@ -44,10 +43,11 @@ HOW = (
     "time_evaluator just before its call; median of 5 repeats, the lower of two passes); the rest of the "
     "run (the VM's own work, and what running in sequence costs the kernels) is the model's run "
     f"(uninstrumented, in the same process: the lowest median of {RUN_WINDOWS} short windows around the "
-    "passes) less its kernels; taken again in a fresh process, up to "
-    f"{PROFILE_TRIES} times, while the two disagree by more than {PROFILE_AGREEMENT:.0%}, the nearest kept. FLOPs from each kernel's TIR; bytes = its argument tensors (each read or "
-    "written once: the least it can move; a kernel whose data stays in the caches can run above the memory "
-    "roof). onnxruntime: its own profiler (enable_profiling), median per node. The roofline: this "
+    f"passes) less its kernels; taken again in a fresh process, up to {PROFILE_TRIES} times, while the two "
+    f"disagree by more than {100 * PROFILE_AGREEMENT:.0f} %, the nearest kept. FLOPs from each kernel's "
+    "TIR; bytes = its argument tensors (each read or written once: the least it can move; a kernel whose "
+    "data stays in "
+    "the caches can run above the memory roof). onnxruntime: its own profiler (enable_profiling), median per node. The roofline: this "
     "machine's measured fp32 FMA peak and STREAM triad bandwidth (kiln machine)."
 )
 
@@ -85,7 +85,7 @@ def build_profile(
     its kernels' FLOPs and, optionally, onnxruntime's profile
     (:func:`tuner.profile_runs.onnxruntime_node_times`)."""
     calls = kiln["calls"]
-    kernel_calls = [c for c in calls if not c["name"].startswith(_RUNTIME_PREFIX)]
+    kernel_calls = [c for c in calls if not c["name"].startswith(RUNTIME_PREFIX)]
     kernels_us = sum(c["us"] for c in kernel_calls)
     builtins = len(calls) - len(kernel_calls)
     # The VM's own work is the run's time outside the kernels (none when the kernels, timed in place,
@@ -191,16 +191,18 @@ def _consistent_profile(request: list[str]) -> dict[str, Any]:
     attempts = []
     for _ in range(PROFILE_TRIES):
         kiln = run_child(request)
-        attempts.append((_disagreement(kiln), kiln))
-        if attempts[-1][0] <= PROFILE_AGREEMENT:
+        disagreement = _disagreement(kiln)
+        attempts.append((disagreement, kiln))
+        if disagreement <= PROFILE_AGREEMENT:
             break
-        log.info("profile retaken: its kernels and its run disagree by %.0f %%", 100 * attempts[-1][0])
+        log.info("profile retaken: its kernels and its run disagree by %.0f %%", 100 * disagreement)
     return min(attempts, key=lambda attempt: attempt[0])[1]
 
 
 def _disagreement(kiln: dict[str, Any]) -> float:
     run_us = float(kiln.get("run_us") or 0.0)
-    kernels_us = sum(float(c["us"]) for c in kiln.get("calls", []) if c.get("us") is not None)
+    calls = kiln.get("calls", [])
+    kernels_us = sum(float(c["us"]) for c in calls if not c["name"].startswith(RUNTIME_PREFIX))
     return abs(kernels_us - run_us) / run_us if run_us > 0 else float("inf")
 
 

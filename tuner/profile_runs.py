@@ -35,7 +35,8 @@ import numpy as np
 MIN_RUNS = 5
 MAX_RUNS = 50
 WARMUP_RUNS = 2
-_RUNTIME_PREFIX = "vm."
+#: The prefix of the VM's own functions among the calls (its builtins); every other call is a kernel.
+RUNTIME_PREFIX = "vm."
 #: Windows the model's run is timed in: a third before, between and after the two in-place passes.
 RUN_WINDOWS = 6
 #: Repeats of each kernel timed in place, and the bounds on one repeat's time.
@@ -88,7 +89,7 @@ def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> di
     model.vm.set_instrument(listing)
     call()
     model.vm.set_instrument(None)
-    kernels = sum(not n.startswith(_RUNTIME_PREFIX) for n in names)
+    kernels = sum(not n.startswith(RUNTIME_PREFIX) for n in names)
     # Two in-place passes, each call's time the lower of its two:
     # a burst of other work on a 2-core machine (seen once: half the kernels of a ResNet-18 timed at one
     # thread's speed for a second) then costs one pass, not the profile.
@@ -98,23 +99,26 @@ def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> di
     # a time (seen: 0.77 ms in one window, 1.36 ms in the next, nothing else running), and a burst then
     # costs the windows it overlaps, not the profile.
     window_s = budget_s / 3 / RUN_WINDOWS
-    windows: list[tuple[float, int]] = []
+
+    def timed_windows() -> list[tuple[float, int]]:
+        return [median_call_ms(call, window_s) for _ in range(RUN_WINDOWS // 3)]
+
+    windows = timed_windows()
     passes = []
-    for step in range(3):  # windows, a pass, windows, a pass, windows
-        windows += [median_call_ms(call, window_s) for _ in range(RUN_WINDOWS // 3)]
-        if step < 2:
-            in_place = _InPlaceTimer(tvm, lib, repeat_ms)
-            model.vm.set_instrument(in_place)
-            call()
-            model.vm.set_instrument(None)
-            passes.append(in_place.times)
+    for _ in range(2):  # windows, a pass, windows, a pass, windows
+        in_place = _InPlaceTimer(tvm, lib, repeat_ms)
+        model.vm.set_instrument(in_place)
+        call()
+        model.vm.set_instrument(None)
+        passes.append(in_place.times)
+        windows += timed_windows()
     run_ms, runs = min(ms for ms, _ in windows), sum(count for _, count in windows)
     times = iter(min(pair) for pair in zip(*passes, strict=True))
     return {
         "runs": runs,
         "run_us": run_ms * 1e3,
         "calls": [
-            {"name": name, "bytes": size, "us": None if name.startswith(_RUNTIME_PREFIX) else next(times)}
+            {"name": name, "bytes": size, "us": None if name.startswith(RUNTIME_PREFIX) else next(times)}
             for name, size in zip(names, sizes, strict=True)
         ],
     }
@@ -140,7 +144,7 @@ class _InPlaceTimer:
         return self.timers[symbol]
 
     def __call__(self, func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
-        if before and not symbol.startswith(_RUNTIME_PREFIX):
+        if before and not symbol.startswith(RUNTIME_PREFIX):
             results = self._timer(str(symbol))(*args).results
             self.times.append(statistics.median(results) * 1e6)
         return _NO_OP
