@@ -220,6 +220,7 @@ def fusion_line(fusion: FusionSummary) -> str:
         )
     elif fusion.precision != "as-is":
         line += f"\nprecision {fusion.precision}: no float matmul or convolution to reduce"
+    line += "".join(f"\n  pass left out: {note}" for note in fusion.skipped_passes)
     return line
 
 

@@ -22,8 +22,14 @@ _TORCH_NODE_LOOPS = ("_translate_fx_graph",)
 
 
 def onnx_importer() -> ModuleType:
-    """``tvm.relax.frontend.onnx`` (``from_onnx``)."""
-    return importlib.import_module("tvm.relax.frontend.onnx")
+    """``tvm.relax.frontend.onnx`` (``from_onnx``), with Kiln's converters in its table
+    (:mod:`kiln_tvm.onnx_converters`)."""
+    module = importlib.import_module("tvm.relax.frontend.onnx")
+    if not getattr(module.onnx_frontend._get_convert_map, "kiln_converters", False):
+        from kiln_tvm import onnx_converters
+
+        onnx_converters.install()
+    return module
 
 
 def torch_importer() -> ModuleType:
@@ -34,6 +40,13 @@ def torch_importer() -> ModuleType:
 def onnx_convert_map() -> dict[str, Any]:
     """ONNX operator type -> TVM's converter."""
     return dict(onnx_importer().onnx_frontend._get_convert_map())
+
+
+def onnx_training_operators() -> frozenset[str]:
+    """ONNX's training operators (optimizers, losses, gradients): refused by name, not converted."""
+    from kiln_tvm.onnx_converters import TRAINING_OPERATORS
+
+    return TRAINING_OPERATORS
 
 
 def torch_convert_map() -> Mapping[str, Any]:
@@ -71,6 +84,7 @@ __all__ = [
     "failed_torch_node",
     "onnx_convert_map",
     "onnx_importer",
+    "onnx_training_operators",
     "torch_convert_map",
     "torch_importer",
 ]

@@ -150,6 +150,11 @@ class FusionOut(EntityOut):
         description="On a CPU with AMX-BF16 or AVX512-BF16, the bf16 operators on neither, and why",
     )
     precision_note: str = Field(default="", description="Why the target computes them that way")
+    skipped_passes: list[str] = Field(
+        default_factory=list,
+        description="Graph passes that failed on this model and were left out (or operators a pass kept "
+        "out of its rewrite, e.g. in the model's layout), each with the reason; the model compiles without",
+    )
 
     @classmethod
     def of(cls, fusion: FusionSummary) -> FusionOut:

@@ -25,12 +25,40 @@ def build_tuned(plan: GraphPlan, target: Target, database: Any) -> Any:
         if plan.weight_prepack:
             mod = tvm.transform.Sequential(
                 [
-                    relax.transform.SplitLayoutRewritePreproc(),
+                    split_layout_rewrites(),
                     relax.transform.LiftTransformParams(),
                     relax.transform.FoldConstant(),
                 ]
             )(mod)
     return tvm.compile(mod, target=target)
+
+
+def split_layout_rewrites() -> tvm.transform.Pass:
+    """``SplitLayoutRewritePreproc`` (a tuned kernel's weight re-layout moved into its own kernel, run once)
+    over the kernels that can hold such a re-layout: the scheduled ones.
+
+    TVM's pass walks every PrimFunc of the module and fails on one whose body has no block (the kernels
+    ``scatter_elements`` and ``dynamic_strided_slice`` legalize to); an unscheduled kernel has no re-layout
+    to split, so those stay out of its sight and come back unchanged.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="SplitLayoutRewritePreproc")
+    def run(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        unscheduled = {
+            gvar: func
+            for gvar, func in mod.functions.items()
+            if isinstance(func, tvm.tirx.PrimFunc)
+            and not (func.attrs and func.attrs.get("tirx.is_scheduled"))
+        }
+        seen = mod.clone()
+        for gvar in unscheduled:
+            del seen[gvar]
+        split = relax.transform.SplitLayoutRewritePreproc()(seen)
+        for gvar, func in unscheduled.items():
+            split[gvar] = func
+        return split
+
+    return run
 
 
 def model_assembly(executable: Any) -> str:

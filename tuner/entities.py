@@ -359,6 +359,9 @@ class FusionSummary:
     bf16_unpacked: list[str] = field(default_factory=list)  # bf16 operators on no bf16 instruction: why
     precision_compute: str = ""
     precision_note: str = ""
+    #: The graph passes that failed on this model and were left out, or operators a pass kept out of its
+    #: rewrite, each with TVM's reason (``tuner.pass_guard``): the plan compiles without them.
+    skipped_passes: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FusionSummary:

@@ -75,6 +75,7 @@ class _Step:
 @dataclass
 class _Frame:
     name: str
+    info: Any  # the pass's PassInfo: its end is reported with the same object
     mod: tvm.IRModule | None  # the module the pass was given, while it runs
     started: float
     on_parent_input: bool  # given the very module its parent was given
@@ -100,12 +101,16 @@ class LevelRecorder:
         parent = self._open[-1] if self._open else None
         on_input = parent is not None and parent.mod is not None and mod.same_as(parent.mod)
         may_be_step = parent is None or (parent.may_be_step and (parent.is_sequential or on_input))
-        frame = _Frame(name, mod, time.perf_counter(), on_input, name == "sequential", may_be_step)
+        frame = _Frame(name, info, mod, time.perf_counter(), on_input, name == "sequential", may_be_step)
         if parent is not None:
             parent.children.append(frame)
         self._open.append(frame)
 
-    def after(self, mod: tvm.IRModule, _info: Any) -> None:
+    def after(self, mod: tvm.IRModule, info: Any) -> None:
+        # A pass that raised never reports its end: when a guard (tuner.pass_guard) caught its failure,
+        # the frames it and its children opened are still above the one ending now, and are dropped.
+        while len(self._open) > 1 and not self._open[-1].info.same_as(info):
+            self._open.pop()
         frame = self._open.pop()
         seconds = time.perf_counter() - frame.started
         # A Sequential, or a pass wrapping one run on its own input (the zero pipeline), stands for its

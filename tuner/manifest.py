@@ -45,6 +45,7 @@ def job_manifest(
             "operators_before": plan.fusion.operators_before,
             "kernels_after": plan.fusion.kernels_after,
             "distinct_tasks": plan.fusion.distinct_tasks,
+            "skipped_passes": plan.fusion.skipped_passes,
         },
         "quantization": {
             "integer_ops": plan.fusion.integer_ops,

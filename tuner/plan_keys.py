@@ -17,9 +17,10 @@ from tuner.store.sql import Store
 #: Bumped when what a stored plan holds changes (2: the tasks' polyhedral analyses; 3: the quantized
 #: operators lowered to integers and those kept in float; 4: integer kernels packed for VNNI; 5: the
 #: precision policy; 6: the matmuls on AMX tiles; 7: AVX-VNNI's 8-lane packing and the bf16 matmuls on
-#: vdpbf16ps; 8: the bf16 convolutions on vdpbf16ps; 9: the limits it was planned within), so older plans
-#: are planned again rather than served without it.
-PLAN_FORMAT = 9
+#: vdpbf16ps; 8: the bf16 convolutions on vdpbf16ps; 9: the limits it was planned within; 10: the graph
+#: passes left out, and the models refused before passes failed gracefully), so older plans are planned
+#: again rather than served without it.
+PLAN_FORMAT = 10
 
 # The errors of a preview that refused a model for a limit: a job of the same plan is refused at submit.
 LIMIT_ERRORS = frozenset({ModelTooLarge.kind, ImportTimeout.kind})

@@ -14,7 +14,9 @@ from tuner.activations import gelu_as_formula
 from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
 from tuner.elementwise import elementwise_as_operators
 from tuner.entities import FusionSummary, IrLevel, TaskInfo
+from tuner.layout_conversion import convert_layout
 from tuner.lowering import LevelRecorder, kernel_calls, operator_histogram, recording_levels
+from tuner.pass_guard import SkippedPasses, guarded
 from tuner.precision import PrecisionReport, precision_compute, reduce_precision
 from tuner.quant.qdq import QuantReport, lower_qdq
 from tuner.quant.vnni import VnniReport, keep_packed_layouts, pack_for_vnni
@@ -49,6 +51,7 @@ def inference_passes(
     precision: str = "as-is",
     precision_report: PrecisionReport | None = None,
     bf16_report: Bf16AmxReport | None = None,
+    skipped: SkippedPasses | None = None,
 ) -> tvm.transform.Pass:
     """Inference simplifications run before legalization.
 
@@ -75,23 +78,36 @@ def inference_passes(
     (``topi.fast_exp``...): LLVM lowers the exact ones to a scalar libm call per element (an erf costs
     ~6 ns an element here, 45x its approximation), which no schedule can vectorise.
     """
+    skipped = skipped if skipped is not None else SkippedPasses()
+
+    def guard(inner: tvm.transform.Pass, what: str, *reports: Any) -> tvm.transform.Pass:
+        return guarded(inner, skipped, what, tuple(r for r in reports if r is not None))
+
     # NCHW (or None) keeps the layout ONNX and PyTorch models come in.
-    layout = [relax.transform.ConvertLayout(CONV_LAYOUTS[conv_layout])] if conv_layout in CONV_LAYOUTS else []
+    layout = [convert_layout(CONV_LAYOUTS[conv_layout], skipped)] if conv_layout in CONV_LAYOUTS else []
+    fast = [
+        guard(gelu_as_formula(), "GELU as its formula"),
+        guard(relax.transform.FastMathTransform(), "fast math"),
+    ]
     return tvm.transform.Sequential(
         [
             # Activations the importers emit as opaque kernels become operators ConvertLayout can move.
-            elementwise_as_operators(),
-            lower_qdq(quant_report),
+            guard(elementwise_as_operators(), "activations as operators"),
+            guard(lower_qdq(quant_report), "quantized operators in integers", quant_report),
             *layout,
-            reduce_precision(precision, precision_report),
-            relax.transform.DecomposeOpsForInference(),
-            *([gelu_as_formula(), relax.transform.FastMathTransform()] if fast_math else []),
-            relax.transform.CanonicalizeBindings(),
-            relax.transform.EliminateCommonSubexpr(),
-            relax.transform.FoldConstant(),
-            relax.transform.DeadCodeElimination(),
-            *([pack_for_vnni(vnni_report)] if vnni_report is not None else []),
-            *([pack_for_amx_bf16(bf16_report)] if bf16_report is not None else []),
+            guard(reduce_precision(precision, precision_report), f"precision {precision}", precision_report),
+            guard(relax.transform.DecomposeOpsForInference(), "inference decompositions"),
+            *(fast if fast_math else []),
+            guard(relax.transform.CanonicalizeBindings(), "binding canonicalization"),
+            guard(relax.transform.EliminateCommonSubexpr(), "common-subexpression elimination"),
+            guard(relax.transform.FoldConstant(), "constant folding"),
+            guard(relax.transform.DeadCodeElimination(), "dead-code elimination"),
+            *([guard(pack_for_vnni(vnni_report), "VNNI weight packing", vnni_report)] if vnni_report else []),
+            *(
+                [guard(pack_for_amx_bf16(bf16_report), "bf16 weight packing", bf16_report)]
+                if bf16_report is not None
+                else []
+            ),
         ]
     )
 
@@ -151,10 +167,18 @@ def plan_graph(
     bf16 = (
         Bf16AmxReport(amx=amx_bf16, dot=dot_bf16) if precision == "bf16" and (amx_bf16 or dot_bf16) else None
     )
+    skipped = SkippedPasses()
     recorder = LevelRecorder() if record_levels else None
     with recording_levels(recorder):
         prepared = inference_passes(
-            cpu_conv_layout if cpu else None, fast_math and cpu, quant, vnni, precision, reduced, bf16
+            cpu_conv_layout if cpu else None,
+            fast_math and cpu,
+            quant,
+            vnni,
+            precision,
+            reduced,
+            bf16,
+            skipped,
         )(mod)
         lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]
@@ -193,6 +217,7 @@ def plan_graph(
         bf16_unpacked=bf16.unpacked if bf16 is not None else [],
         precision_compute=compute.mode,
         precision_note=compute.note,
+        skipped_passes=skipped.notes,
     )
     return GraphPlan(
         prepared=prepared,

@@ -157,17 +157,6 @@ def test_invalid_graph(tmp_path: Path) -> None:
         load_model(save(model, tmp_path / "bad.onnx"))
 
 
-def test_old_opset_is_rejected(tmp_path: Path) -> None:
-    model = make_model(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
-        opset=9,
-    )
-    with pytest.raises(InvalidModel, match=r"uses ONNX opset 9; Kiln imports opset 11 or newer"):
-        load_model(save(model, tmp_path / "old.onnx"))
-
-
 # --------------------------------------------------------------------------------------------------
 # Signatures and --input-shape
 

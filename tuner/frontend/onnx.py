@@ -17,16 +17,19 @@ from tuner.frontend.imported import (
     tvm_frontends,
 )
 from tuner.frontend.onnx_qoperator import qoperator_to_qdq
+from tuner.frontend.onnx_simplify import simplify
 from tuner.frontend.shapes import UNKNOWN_RANK, resolve_input_shapes
 
 if TYPE_CHECKING:
     import onnx
 
-#: Oldest ONNX opset accepted. TVM's converters handle the pre-13 forms of the operators whose inputs
-#: changed at opset 13 (Softmax, Squeeze, ReduceSum, Split...; checked against onnxruntime at opsets 10
-#: and 11), but below 11 some fail (Slice and Upsample at opset 9) or would read their inputs with
-#: newer semantics (Resize at opset 10).
+#: Oldest ONNX opset converted as it is. TVM's converters handle the pre-13 forms of the operators whose
+#: inputs changed at opset 13 (Softmax, Squeeze, ReduceSum, Split...; checked against onnxruntime at opsets
+#: 10 and 11), but below 11 some fail (Slice and Upsample at opset 9) or would read their inputs with
+#: newer semantics (Resize at opset 10): an older model is converted to :data:`CONVERTED_OPSET` first.
 MIN_ONNX_OPSET = 11
+#: The opset ``onnx.version_converter`` brings a model older than :data:`MIN_ONNX_OPSET` to.
+CONVERTED_OPSET = 17
 
 _ONNX_HANDLED_OUTSIDE_MAP = frozenset({"If", "Constant"})  # converted by the importer's own loop
 _ONNX_DTYPE_NAMES = {"object": "string"}
@@ -62,16 +65,26 @@ def _onnx_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def _check_onnx_opset(model: onnx.ModelProto, name: str) -> None:
+def _in_importable_opset(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """``model``, converted to opset :data:`CONVERTED_OPSET` by ONNX's version converter when it is older
+    than :data:`MIN_ONNX_OPSET`; refused with a clear message when it declares no opset or does not
+    convert."""
     opset = _onnx_opset(model)
     if opset is None:
+        _refuse_unsupported(model)  # a graph of training or contrib operators only: say which
         raise InvalidModel(f"'{name}' does not declare an opset for the default ONNX domain")
-    if opset < MIN_ONNX_OPSET:
+    if opset >= MIN_ONNX_OPSET:
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, CONVERTED_OPSET)
+    except Exception as err:  # noqa: BLE001 - the converter raises RuntimeError, ValueError, its own types
+        _refuse_unsupported(model)  # the likelier reason, and the one a user can act on
         raise InvalidModel(
-            f"'{name}' uses ONNX opset {opset}; Kiln imports opset {MIN_ONNX_OPSET} or newer. Convert it "
-            'first: python -c "import onnx, onnx.version_converter as vc; '
-            f"onnx.save(vc.convert_version(onnx.load('{name}'), 17), 'opset17.onnx')\""
-        )
+            f"'{name}' uses ONNX opset {opset}; Kiln converts models older than opset {MIN_ONNX_OPSET} to "
+            f"opset {CONVERTED_OPSET} with onnx.version_converter, which failed: {short_error(err)}"
+        ) from None
 
 
 def _onnx_dtype(elem_type: int) -> str:
@@ -87,16 +100,19 @@ def _onnx_dtype(elem_type: int) -> str:
 
 
 def _onnx_value_spec(value: onnx.ValueInfoProto, model_name: str) -> TensorSpec:
-    kind = value.type.WhichOneof("value")
+    value_type = value.type
+    kind = value_type.WhichOneof("value")
     if kind is None:
         return TensorSpec(name=value.name, shape=UNKNOWN_RANK, dtype="unknown")
+    if kind == "optional_type" and value_type.optional_type.elem_type.WhichOneof("value") == "tensor_type":
+        value_type, kind = value_type.optional_type.elem_type, "tensor_type"  # fed, it is that tensor
     if kind != "tensor_type":
         what = kind.removesuffix("_type")
         raise InvalidModel(
             f"'{model_name}': '{value.name}' is a {what}, not a tensor; Kiln imports models whose inputs "
             "and outputs are tensors"
         )
-    tensor = value.type.tensor_type
+    tensor = value_type.tensor_type
     dtype = _onnx_dtype(tensor.elem_type)
     if not tensor.HasField("shape"):
         return TensorSpec(name=value.name, shape=UNKNOWN_RANK, dtype=dtype)
@@ -117,11 +133,11 @@ def model_signature(model: onnx.ModelProto, model_name: str) -> ModelSignature:
     inputs = tuple(_onnx_value_spec(v, model_name) for v in graph.input if v.name not in initializers)
     for spec in inputs:
         for axis, dim in enumerate(spec.shape):
-            if isinstance(dim, int) and dim <= 0:
+            if isinstance(dim, int) and dim < 0:  # 0 is a size: an empty tensor (CastLike's model input)
                 raise InvalidModel(
                     f"'{model_name}': input '{spec.name}' declares size {dim} for axis {axis}; a dimension is a "
-                    "positive size, or a name for one given when a job is submitted (input_shapes): export the "
-                    "model with a named (dynamic) dimension there"
+                    "size (0 or more), or a name for one given when a job is submitted (input_shapes): export "
+                    "the model with a named (dynamic) dimension there"
                 )
     outputs = tuple(_onnx_value_spec(v, model_name) for v in graph.output)
     return ModelSignature(inputs=inputs, outputs=outputs)
@@ -206,12 +222,28 @@ def _unsupported_onnx_ops(model: onnx.ModelProto) -> list[str]:
     return sorted({node.op_type for node in _onnx_nodes(model.graph) if node.op_type not in supported})
 
 
+def _refuse_unsupported(model: onnx.ModelProto) -> None:
+    """Raise UnsupportedOperator naming every operator of ``model`` no converter handles; a training
+    operator (an optimizer, a loss, a gradient) is named as such."""
+    unsupported = _unsupported_onnx_ops(model)
+    if not unsupported:
+        return
+    error = UnsupportedOperator(operators=unsupported, importer="ONNX")
+    training = sorted(set(unsupported) & tvm_frontends().onnx_training_operators())
+    if training:
+        error.message += (
+            f"; {', '.join(training)} {'is a training operator' if len(training) == 1 else 'are training operators'}"
+            ": Kiln compiles models for inference, so export the model without its training graph"
+        )
+        error.args = (error.message,)
+    raise error
+
+
 def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data: bool) -> ImportedModel:
     import onnx
 
     data = path.read_bytes()
     model = parse_model(path, data)
-    _check_onnx_opset(model, path.name)
     if _inline_external_data(model, path, allow_external_data):
         try:
             canonical = model.SerializeToString()
@@ -222,6 +254,7 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
             ) from None
     else:
         canonical = data
+    model = _in_importable_opset(model, path.name)
 
     if model.functions:
         try:
@@ -234,9 +267,7 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
             ) from None
 
     qdq, _ = qoperator_to_qdq(model)
-    unsupported = _unsupported_onnx_ops(qdq)
-    if unsupported:
-        raise UnsupportedOperator(operators=unsupported, importer="ONNX")
+    _refuse_unsupported(qdq)
 
     try:
         onnx.checker.check_model(model)  # the model as given (the QDQ form may use axis before opset 13)
@@ -253,6 +284,10 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
         raise InvalidModel(
             f"'{path.name}': input '{name}' has element type '{dtype}', which Kiln cannot feed"
         )
+
+    simplified = simplify(model, shapes)
+    if not _unsupported_onnx_ops(simplified.model):  # onnxruntime's rewrites use operators TVM has
+        model = simplified.model
 
     tvm_onnx = tvm_frontends().onnx_importer()
     try:

@@ -90,7 +90,8 @@ def resolve_input_shapes(
 def check_given_shape(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
     """``shape`` for the input ``spec`` declares, checked (rank, fixed dimensions); InvalidSpec otherwise."""
     flag = f"--input-shape {spec.name}={format_shape(shape)}"
-    if any(d < 1 for d in shape):
+    declared_empty = {i for i, d in enumerate(spec.shape) if d == 0} if spec.shape != UNKNOWN_RANK else set()
+    if any(d < 1 and not (d == 0 and i in declared_empty) for i, d in enumerate(shape)):
         raise InvalidSpec(f"{flag}: every dimension must be a positive integer")
     if spec.shape == UNKNOWN_RANK:
         return shape

@@ -142,6 +142,16 @@ export function quantizationNote(fusion) {
     integerKernelsNote(fusion));
 }
 
+// The graph passes Kiln left out on this model (each failed on some operator; the model compiles without),
+// or null when every pass ran.
+export function skippedPassesNote(fusion) {
+  const notes = fusion.skipped_passes || [];
+  if (!notes.length) return null;
+  return h("div", { class: "skipped-passes", id: "skipped-passes" },
+    h("p", {}, `Graph passes left out (the model compiles without them):`),
+    h("ul", {}, notes.map((note) => h("li", {}, note))));
+}
+
 // For a job with a precision policy: the operators on bf16/fp16 operands and how the CPU computes them
 // (null for as-is).
 export function precisionNote(fusion) {

@@ -4,7 +4,7 @@
 
 import { api } from "../api.js";
 import { code } from "../chart.js";
-import { errorBox, fill, fmtUs, h, precisionNote, quantizationNote } from "../dom.js";
+import { errorBox, fill, fmtUs, h, precisionNote, quantizationNote, skippedPassesNote } from "../dom.js";
 import { polyhedralTab } from "./polyhedral.js";
 import { taskPicker } from "./tasks.js";
 
@@ -84,6 +84,7 @@ export function compilerView(jobId) {
         h("summary", {}, `Model after fusion: ${g.fusion.operators_before} operators → ${g.fusion.kernels_after} kernels (${g.fusion.distinct_tasks} distinct tasks)`),
         quantizationNote(g.fusion),
         precisionNote(g.fusion),
+        skippedPassesNote(g.fusion),
         h("div", { class: "row" },
           h("div", {}, h("h3", {}, `Before fusion: ${g.fusion.operators_before} operators`), countTable("fusion-before", "Operator", hist)),
           h("div", {}, h("h3", {}, `After fusion: ${g.fusion.kernels_after} kernel calls`), countTable("fusion-after", "Kernel", kernels))),

@@ -1,7 +1,7 @@
 // New job: upload (or pick) a model, preview its tasks on the chosen target, and start tuning.
 
 import { api } from "../api.js";
-import { errorBox, fill, h, planTable, quantizationNote } from "../dom.js";
+import { errorBox, fill, h, planTable, quantizationNote, skippedPassesNote } from "../dom.js";
 
 export function submitPage(view) {
   view.append(h("h1", {}, "New tuning job"));
@@ -108,6 +108,7 @@ function jobForm() {
       fill(preview,
         h("p", { class: "muted" }, `${plan.fusion.operators_before} operators → ${plan.fusion.kernels_after} fused kernels, ${plan.tasks.length} tasks on ${plan.target_key}`),
         quantizationNote(plan.fusion),
+        skippedPassesNote(plan.fusion),
         planTable(plan.tasks));
     } catch (err) {
       fill(preview, errorBox(err));

@@ -1,0 +1,342 @@
+"""ONNX operators TVM 0.27's importer lacks (or converts only in another form), added to its conversion
+table without forking it.
+
+TVM's ONNX importer looks each node's converter up in ``onnx_frontend._get_convert_map()``, a function it
+calls per model; :func:`install` wraps that function so the table it returns also holds Kiln's
+converters. They are ordinary ``OnnxOpConverter`` classes over Relax operators, and every model has static
+shapes by the time it is converted (Kiln fixes them first), so masks and index tables are built as
+constants.
+
+* ``Attention`` (opset 23, 24): ONNX's own scaled dot-product attention, with grouped-query heads, 3-D or
+  4-D inputs, boolean or additive masks, causal masking aligned to the end of a key cache, a past cache
+  and the present outputs, softcap, and the optional fourth output. TVM's table holds the converter of
+  Microsoft's contrib ``Attention`` (an input projection, a ``num_heads`` attribute) under the same name;
+  a node with ``num_heads`` still goes there.
+* ``Swish``, ``Celu``, ``LpNormalization``, ``CumProd``, ``ReverseSequence``.
+
+The training-only operators are not converted: :data:`TRAINING_OPERATORS` names them, so that a model
+using one is refused as a training graph rather than as an importer gap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from kiln_tvm import relax, tvm
+
+#: Operators of ONNX's training domain and its loss functions: a model for inference does not use them.
+TRAINING_OPERATORS = frozenset(
+    {
+        "Adagrad",
+        "Adam",
+        "Momentum",
+        "Gradient",
+        "NegativeLogLikelihoodLoss",
+        "SoftmaxCrossEntropyLoss",
+    }
+)
+
+
+def _static_shape(bb: Any, expr: Any) -> list[int]:
+    return [int(v.value) for v in bb.normalize(expr).ty.shape.values]
+
+
+def _dtype(bb: Any, expr: Any) -> str:
+    return str(bb.normalize(expr).ty.dtype)
+
+
+def _heads_first(bb: Any, x: Any, heads: int) -> Any:
+    """[batch, seq, heads * size] -> [batch, heads, seq, size]."""
+    batch, seq, hidden = _static_shape(bb, x)
+    split = bb.normalize(relax.op.reshape(x, (batch, seq, heads, hidden // heads)))
+    return bb.normalize(relax.op.permute_dims(split, [0, 2, 1, 3]))
+
+
+def _base_converter() -> type:
+    import importlib
+
+    return importlib.import_module("tvm.relax.frontend.onnx").onnx_frontend.OnnxOpConverter
+
+
+def _converters(tvm_map: dict[str, Any]) -> dict[str, type]:
+    base = _base_converter()
+    contrib_attention = tvm_map.get("Attention")
+
+    class Attention(base):  # type: ignore[misc, valid-type]
+        """ONNX ``Attention`` (opset 23+), as ``onnx.reference``'s implementation computes it."""
+
+        @classmethod
+        def _impl_v1(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            if contrib_attention is None:
+                raise NotImplementedError("Microsoft's contrib Attention")
+            return contrib_attention.get_converter(1)(bb, inputs, attr, params)
+
+        @classmethod
+        def _impl_v23(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            if "num_heads" in attr:  # Microsoft's contrib operator of the same name
+                return cls._impl_v1(bb, inputs, attr, params)
+            return _attention(bb, inputs, attr)
+
+    class Swish(base):  # type: ignore[misc, valid-type]
+        """``x * sigmoid(alpha * x)``."""
+
+        @classmethod
+        def _impl_v24(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            x = inputs[0]
+            alpha = relax.const(float(attr.get("alpha", 1.0)), _dtype(bb, x))
+            return relax.op.multiply(x, relax.op.sigmoid(relax.op.multiply(x, alpha)))
+
+    class Celu(base):  # type: ignore[misc, valid-type]
+        """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``."""
+
+        @classmethod
+        def _impl_v12(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            x = inputs[0]
+            dtype = _dtype(bb, x)
+            alpha = relax.const(float(attr.get("alpha", 1.0)), dtype)
+            zero, one = relax.const(0.0, dtype), relax.const(1.0, dtype)
+            negative = relax.op.multiply(
+                alpha, relax.op.subtract(relax.op.exp(relax.op.divide(x, alpha)), one)
+            )
+            return relax.op.add(relax.op.maximum(x, zero), relax.op.minimum(negative, zero))
+
+    class LpNormalization(base):  # type: ignore[misc, valid-type]
+        """``x / ||x||_p`` along ``axis`` (p is 1 or 2); a zero norm gives 0, as onnxruntime does."""
+
+        @classmethod
+        def _impl_v1(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            x = inputs[0]
+            axis, p = int(attr.get("axis", -1)), int(attr.get("p", 2))
+            if p not in (1, 2):
+                raise ValueError(f"LpNormalization with p={p}: ONNX allows 1 or 2")
+            dtype = _dtype(bb, x)
+            if p == 1:
+                norm = relax.op.sum(relax.op.abs(x), axis=[axis], keepdims=True)
+            else:
+                norm = relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), axis=[axis], keepdims=True))
+            norm = bb.normalize(norm)
+            zero = relax.const(0.0, dtype)
+            safe = relax.op.where(relax.op.equal(norm, zero), relax.const(1.0, dtype), norm)
+            return relax.op.divide(x, safe)
+
+    class CumProd(base):  # type: ignore[misc, valid-type]
+        """Cumulative product along a constant axis, ``exclusive`` and ``reverse`` as ONNX defines them."""
+
+        @classmethod
+        def _impl_v26(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            x, axis_expr = inputs[0], inputs[1]
+            if not isinstance(axis_expr, tvm.ir.expr.Constant):
+                raise ValueError("CumProd with an axis computed at run time: Kiln needs it constant")
+            shape = _static_shape(bb, x)
+            axis = int(axis_expr.data.numpy().reshape(-1)[0]) % len(shape)
+            out = relax.op.flip(x, axis) if attr.get("reverse", 0) else x
+            out = bb.normalize(relax.op.cumprod(out, axis=axis, dtype=_dtype(bb, x)))
+            if attr.get("exclusive", 0):
+                ones = relax.const(np.ones([*shape[:axis], 1, *shape[axis + 1 :]], dtype=_dtype(bb, x)))
+                kept = relax.op.strided_slice(out, axes=[axis], begin=[0], end=[shape[axis] - 1])
+                out = relax.op.concat([ones, kept], axis=axis)
+            return relax.op.flip(out, axis) if attr.get("reverse", 0) else out
+
+    class ReverseSequence(base):  # type: ignore[misc, valid-type]
+        """Each batch entry's first ``sequence_lens[b]`` steps reversed (the lengths as a tensor input)."""
+
+        @classmethod
+        def _impl_v10(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            x, lens = inputs[0], inputs[1]
+            time_axis, batch_axis = int(attr.get("time_axis", 0)), int(attr.get("batch_axis", 1))
+            shape = _static_shape(bb, x)
+            steps, batch = shape[time_axis], shape[batch_axis]
+            # index[t, b] = lens[b] - 1 - t where t < lens[b], else t: gathered along the time axis.
+            t = relax.const(np.arange(steps).reshape(steps, 1), "int64")
+            lens64 = bb.normalize(relax.op.reshape(relax.op.astype(lens, "int64"), (1, batch)))
+            reversed_index = relax.op.subtract(relax.op.subtract(lens64, relax.const(1, "int64")), t)
+            index = bb.normalize(
+                relax.op.where(relax.op.less(t, lens64), reversed_index, t)
+            )  # [steps, batch]
+            if time_axis > batch_axis:
+                index = bb.normalize(relax.op.permute_dims(index, [1, 0]))
+            index_shape = [1] * len(shape)
+            index_shape[time_axis], index_shape[batch_axis] = steps, batch
+            index = relax.op.broadcast_to(bb.normalize(relax.op.reshape(index, index_shape)), shape)
+            return relax.op.gather_elements(x, index, axis=time_axis)
+
+    tvm_rms_norm = tvm_map.get("RMSNormalization")
+
+    class RMSNormalization(base):  # type: ignore[misc, valid-type]
+        """TVM's converter (``relax.nn.rms_norm``) where the scale has the normalized axes' shape; else
+        (a scale that broadcasts, or every axis normalized: TVM's legalization fails on both), the formula:
+        ``x / sqrt(mean(x^2 over axis..) + epsilon) * scale``, in float32 when ``stash_type`` asks."""
+
+        @classmethod
+        def _impl_v23(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            x, scale = bb.normalize(inputs[0]), bb.normalize(inputs[1])
+            shape, scale_shape = _static_shape(bb, x), _static_shape(bb, scale)
+            axis = int(attr.get("axis", -1)) % len(shape)
+            if axis > 0 and scale_shape == shape[axis:] and tvm_rms_norm is not None:
+                return tvm_rms_norm.get_converter(23)(bb, inputs, attr, params)
+            dtype = _dtype(bb, x)
+            wide = "float32" if int(attr.get("stash_type", 1)) == 1 and dtype != "float32" else dtype
+            xw = bb.normalize(relax.op.astype(x, wide)) if wide != dtype else x
+            mean_square = relax.op.mean(
+                relax.op.multiply(xw, xw), axis=list(range(axis, len(shape))), keepdims=True
+            )
+            eps = relax.const(float(attr.get("epsilon", 1e-5)), wide)
+            normed = relax.op.divide(xw, relax.op.sqrt(relax.op.add(mean_square, eps)))
+            scale_w = relax.op.astype(scale, wide) if wide != dtype else scale
+            out = relax.op.multiply(normed, scale_w)
+            return relax.op.astype(out, dtype) if wide != dtype else out
+
+    return {
+        "RMSNormalization": RMSNormalization,
+        "Attention": Attention,
+        "Swish": Swish,
+        "Celu": Celu,
+        "LpNormalization": LpNormalization,
+        "CumProd": CumProd,
+        "ReverseSequence": ReverseSequence,
+    }
+
+
+def _attention(bb: Any, inputs: Any, attr: dict[str, Any]) -> Any:
+    q, k, v = (bb.normalize(x) for x in inputs[:3])
+    mask, past_key, past_value, nonpad = inputs[3], inputs[4], inputs[5], inputs[6]
+    dtype = _dtype(bb, q)
+    three_d = len(_static_shape(bb, q)) == 3
+    if three_d:
+        q_heads, kv_heads = int(attr["q_num_heads"]), int(attr["kv_num_heads"])
+        q, k, v = _heads_first(bb, q, q_heads), _heads_first(bb, k, kv_heads), _heads_first(bb, v, kv_heads)
+    batch, q_heads, q_len, head_size = _static_shape(bb, q)
+    kv_heads = _static_shape(bb, k)[1]
+
+    scale = attr.get("scale")
+    scale = math.sqrt(float(scale) if scale is not None else 1.0 / math.sqrt(head_size))
+    if past_key is not None:
+        k = bb.normalize(relax.op.concat([past_key, k], axis=2))
+        v = bb.normalize(relax.op.concat([past_value, v], axis=2))
+    present_key, present_value = k, v
+    kv_len = _static_shape(bb, k)[2]
+    past_len = _static_shape(bb, past_key)[2] if past_key is not None else 0
+
+    neg_inf = relax.const(-np.inf, dtype)
+    zero = relax.const(0.0, dtype)
+    bias: Any = None  # additive, broadcast to [batch, heads, q_len, kv_len]
+    if mask is not None:
+        mask = bb.normalize(mask)
+        width = _static_shape(bb, mask)[-1]
+        if _dtype(bb, mask) == "bool":
+            mask = relax.op.where(mask, zero, neg_inf)
+        if width < kv_len:  # a mask shorter than the keys: the rest masked out
+            pad = [(0, 0)] * (len(_static_shape(bb, mask)) - 1) + [(0, kv_len - width)]
+            mask = relax.op.nn.pad(mask, [p for pair in pad for p in pair], pad_value=-np.inf)
+        bias = bb.normalize(mask)
+    i = np.arange(q_len).reshape(q_len, 1)
+    j = np.arange(kv_len).reshape(1, kv_len)
+    if int(attr.get("is_causal", 0)):
+        if nonpad is not None and past_key is None:  # the frontier of each batch entry's valid keys
+            offset = relax.op.subtract(relax.op.astype(nonpad, "int64"), relax.const(q_len, "int64"))
+            offset = relax.op.reshape(offset, (batch, 1, 1, 1))
+            causal = relax.op.where(relax.op.less_equal(relax.const(j - i, "int64"), offset), zero, neg_inf)
+        else:
+            causal = relax.const(np.where(j <= i + past_len, 0.0, -np.inf).astype(dtype))
+        bias = causal if bias is None else relax.op.add(bias, causal)
+    left, right = int(attr.get("left_window_size", -1)), int(attr.get("right_window_size", -1))
+    if left >= 0 or right >= 0:
+        if nonpad is not None and past_key is None:
+            raise ValueError("Attention with a sliding window over an external key cache")
+        diff = i + past_len - j
+        allowed = np.ones_like(diff, dtype=bool)
+        if left >= 0:
+            allowed &= diff <= left
+        if right >= 0:
+            allowed &= -diff <= right
+        window = relax.const(np.where(allowed, 0.0, -np.inf).astype(dtype))
+        bias = window if bias is None else relax.op.add(bias, window)
+    if nonpad is not None:
+        valid = relax.op.less(
+            relax.const(np.arange(kv_len).reshape(1, kv_len), "int64"),
+            relax.op.reshape(relax.op.astype(nonpad, "int64"), (batch, 1)),
+        )
+        padding = relax.op.reshape(relax.op.where(valid, zero, neg_inf), (batch, 1, 1, kv_len))
+        bias = padding if bias is None else relax.op.add(bias, padding)
+
+    if q_heads != kv_heads:  # grouped-query attention: each key/value head serves q_heads / kv_heads
+        k = relax.op.repeat(k, q_heads // kv_heads, axis=1)
+        v = relax.op.repeat(v, q_heads // kv_heads, axis=1)
+    scale_c = relax.const(scale, dtype)
+    scores = bb.normalize(
+        relax.op.matmul(
+            relax.op.multiply(q, scale_c), relax.op.permute_dims(relax.op.multiply(k, scale_c), [0, 1, 3, 2])
+        )
+    )
+    softcap = float(attr.get("softcap", 0.0))
+    if softcap > 0:
+        cap = relax.const(softcap, dtype)
+        scores = bb.normalize(relax.op.multiply(relax.op.tanh(relax.op.divide(scores, cap)), cap))
+    qk_output = scores
+    with_bias = bb.normalize(relax.op.add(scores, bias)) if bias is not None else scores
+    mode = int(attr.get("qk_matmul_output_mode", 0))
+    if mode == 2:
+        qk_output = with_bias
+    precision = attr.get("softmax_precision")
+    if precision is not None:
+        from onnx import helper
+
+        wide = str(np.dtype(helper.tensor_dtype_to_np_dtype(int(precision))))
+        probs = relax.op.astype(relax.op.nn.softmax(relax.op.astype(with_bias, wide), axis=-1), dtype)
+    else:
+        probs = relax.op.nn.softmax(with_bias, axis=-1)
+    if bias is not None:  # a row with no key to attend: probabilities 0 (softmax alone gives NaN)
+        full_bias = bb.normalize(relax.op.add(relax.op.zeros((batch, q_heads, q_len, kv_len), dtype), bias))
+        # every key -inf (TVM's max starts from the lowest finite value, so count rather than take the max)
+        is_masked = relax.op.astype(relax.op.equal(full_bias, neg_inf), "int32")
+        masked_row = relax.op.equal(
+            relax.op.min(is_masked, axis=[-1], keepdims=True), relax.const(1, "int32")
+        )
+        probs = relax.op.where(masked_row, zero, probs)
+    probs = bb.normalize(probs)
+    if mode == 3:
+        qk_output = probs
+    y = bb.normalize(relax.op.matmul(probs, v))
+    if three_d:
+        y = relax.op.reshape(bb.normalize(relax.op.permute_dims(y, [0, 2, 1, 3])), (batch, q_len, -1))
+    return relax.Tuple([bb.normalize(y), present_key, present_value, qk_output])
+
+
+def install() -> None:
+    """Make TVM's ONNX importer see Kiln's converters (once; later calls do nothing)."""
+    import importlib
+
+    frontend = importlib.import_module("tvm.relax.frontend.onnx").onnx_frontend
+    original = frontend._get_convert_map
+    if getattr(original, "kiln_converters", False):
+        return
+    kiln = _converters(original())  # the importer asks for the table once per node: made once
+
+    def convert_map() -> dict[str, Any]:
+        table = original()
+        table.update(kiln)
+        return table
+
+    convert_map.kiln_converters = True  # type: ignore[attr-defined]
+    convert_map.tvm_table = original  # type: ignore[attr-defined]
+    frontend._get_convert_map = convert_map
+
+
+@contextlib.contextmanager
+def tvm_table_only() -> Iterator[None]:
+    """TVM's own conversion table while inside (what plain TVM converts: ``bench/conformance.py``)."""
+    import importlib
+
+    install()
+    frontend = importlib.import_module("tvm.relax.frontend.onnx").onnx_frontend
+    kiln = frontend._get_convert_map
+    frontend._get_convert_map = kiln.tvm_table
+    try:
+        yield
+    finally:
+        frontend._get_convert_map = kiln

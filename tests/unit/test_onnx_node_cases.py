@@ -1,0 +1,108 @@
+"""A sample of ONNX's own backend node tests (the cases ``onnx.backend.test.case.node`` ships: a model, its
+inputs, its expected outputs) through Kiln's whole ONNX path: import (folding, opset conversion, Kiln's
+converters), Kiln's graph passes for this CPU, an untuned build, a run. Each must give the expected
+outputs within the case's tolerances, and the values onnxruntime computes where onnxruntime computes
+those (its causal attention is aligned differently from ONNX's reference in a few cases). The full suite is
+``bench/conformance.py``; these are the operators Kiln added or fixed, and cases of each way Kiln's import
+used to fail."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from kiln_tvm import ms
+from tuner.compile import LoadedModel, build_tuned
+from tuner.frontend import load_model
+from tuner.targets import host_target, to_tvm_target
+from tuner.tasks import plan_graph
+
+ort = pytest.importorskip("onnxruntime")
+
+TARGET = to_tvm_target(host_target())
+
+CASES = [
+    # Kiln's converters
+    "test_attention_4d",
+    "test_attention_4d_gqa_causal",
+    "test_attention_4d_attn_mask_bool",
+    "test_attention_4d_with_past_and_present_qk_matmul_bias_4d_mask_causal",
+    "test_attention_3d_gqa_with_past_and_present",
+    "test_attention_3d_softcap",
+    "test_attention_4d_with_qk_matmul_softmax",
+    "test_attention_causal_boolmask_nan_robustness",
+    "test_attention_local_window_gqa_rank4_mask",
+    "test_swish",
+    "test_celu",
+    "test_lpnormalization_default",
+    "test_rms_normalization_2d_axis0",
+    "test_reversesequence_batch",
+    "test_reversesequence_time",
+    # values computed in the graph, folded before conversion
+    "test_attention_4d_expanded",
+    "test_layer_normalization_4d_axis1_expanded",
+    "test_attention_3d_gqa_causal_expanded",
+    # Kiln's passes and build on kernels TVM's layout rewrites used to fail on
+    "test_max_two_inputs",
+    "test_scatter_elements_with_axis",
+    # Constant in its scalar and list forms (value_float...); an empty input; an old opset (7)
+    "test_selu_expanded_ver18",
+    "test_mvn_expanded_ver18",
+    "test_castlike_FLOAT_to_DOUBLE",
+    "test_and2d",
+]
+
+
+@functools.cache
+def _all_cases() -> dict[str, Any]:
+    import onnx.backend.test.case.node as node_cases
+
+    return {case.name: case for case in node_cases.collect_testcases()}
+
+
+def _array(value: Any) -> np.ndarray:
+    return numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else np.asarray(value)
+
+
+def _kiln(model: onnx.ModelProto, inputs: list[np.ndarray], tmp_path: Path) -> list[np.ndarray]:
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    initializers = {t.name for t in model.graph.initializer}
+    names = [v.name for v in model.graph.input if v.name not in initializers]
+    imported = load_model(path, {n: a.shape for n, a in zip(names, inputs, strict=True)})
+    plan = plan_graph(imported.mod, TARGET)
+    return LoadedModel(build_tuned(plan, TARGET, ms.database.MemoryDatabase())).run(inputs)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_node_case(name: str, tmp_path: Path) -> None:
+    case = _all_cases().get(name)
+    if case is None:
+        pytest.skip(f"this onnx wheel ({onnx.__version__}) has no node test {name}")
+    for raw_inputs, raw_expected in case.data_sets:
+        inputs = [_array(x) for x in raw_inputs]
+        expected = [_array(x) for x in raw_expected]
+        got = _kiln(case.model, inputs, tmp_path)
+        assert len(got) == len(expected)
+        session = ort.InferenceSession(case.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = dict(zip([i.name for i in session.get_inputs()], inputs, strict=True))
+        from_onnxruntime = session.run(None, feeds)
+        for g, e, o in zip(got, expected, from_onnxruntime, strict=True):
+            assert g.shape == e.shape and g.dtype == e.dtype
+            np.testing.assert_allclose(g, e, rtol=case.rtol, atol=case.atol)
+            if _close(o, e, case.rtol, case.atol):  # where onnxruntime computes what ONNX specifies
+                np.testing.assert_allclose(g, o, rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6))
+
+
+def _close(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> bool:
+    try:
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    except AssertionError:
+        return False
+    return True
