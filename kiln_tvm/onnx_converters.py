@@ -14,9 +14,10 @@ constants.
   a node with ``num_heads`` still goes there.
 * ``LSTM``, ``GRU``, ``RNN``: unrolled over the static sequence, every direction and layout, peepholes,
   ``linear_before_reset``, ONNX's activations and ``clip``.
+* ``DFT`` with a constant axis (a matmul with the DFT matrix: forward, inverse, one-sided, and back).
 * ``RotaryEmbedding`` (opset 23): halves or interleaved pairs, partial rotation, position ids.
 * ``RMSNormalization`` where TVM's legalization fails (every axis normalized, a broadcast scale).
-* ``Swish``, ``Celu``, ``LpNormalization``, ``CumProd``, ``ReverseSequence``.
+* ``Swish``, ``SwiGLU``, ``Celu``, ``LpNormalization``, ``CumProd``, ``ReverseSequence``, ``BitCast``.
 
 The training-only operators are not converted: :data:`TRAINING_OPERATORS` names them, so that a model
 using one is refused as a training graph rather than as an importer gap.
@@ -225,7 +226,54 @@ def _converters(tvm_map: dict[str, Any]) -> dict[str, type]:
         def _impl_v23(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
             return _rotary_embedding(bb, inputs, attr)
 
+    class SwiGLU(base):  # type: ignore[misc, valid-type]
+        """``a * sigmoid(alpha * a) * b`` (inputs of one shape)."""
+
+        @classmethod
+        def _impl_v1(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            a, b = inputs[0], inputs[1]
+            alpha = relax.const(float(attr.get("alpha", 1.0)), _dtype(bb, a))
+            return relax.op.multiply(relax.op.multiply(a, relax.op.sigmoid(relax.op.multiply(alpha, a))), b)
+
+    class BitCast(base):  # type: ignore[misc, valid-type]
+        """The same bits read as another type of the same width (``topi.reinterpret``)."""
+
+        @classmethod
+        def _impl_v1(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            from onnx import helper
+
+            x = inputs[0]
+            to = str(np.dtype(helper.tensor_dtype_to_np_dtype(int(attr["to"]))))
+            if to == "bool":
+                raise ValueError("BitCast to bool")
+            if _dtype(bb, x) == "bool":  # one byte holding 0 or 1, as numpy stores it
+                x = bb.normalize(relax.op.astype(x, "uint8"))
+            if np.dtype(_dtype(bb, x)).itemsize != np.dtype(to).itemsize:
+                raise ValueError(f"BitCast from {_dtype(bb, x)} to {to}: the widths differ")
+            return bb.emit_te(tvm.topi.reinterpret, x, to)
+
+    class DFT(base):  # type: ignore[misc, valid-type]
+        """ONNX ``DFT`` with its axis an attribute (opset 17-19) or a constant, and no ``dft_length``: a
+        matmul with the (static) DFT matrix, see :func:`_dft`."""
+
+        @classmethod
+        def _impl_v17(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            if inputs[1] is not None:
+                raise ValueError("DFT with a dft_length input")
+            return _dft(bb, inputs[0], int(attr.get("axis", 1)), attr)
+
+        @classmethod
+        def _impl_v20(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            axis = inputs[2]
+            if inputs[1] is not None or (axis is not None and not isinstance(axis, tvm.ir.expr.Constant)):
+                raise ValueError("DFT with a dft_length input, or an axis computed at run time")
+            value = int(axis.data.numpy().reshape(-1)[0]) if axis is not None else -2
+            return _dft(bb, inputs[0], value, attr)
+
     return {
+        "DFT": DFT,
+        "SwiGLU": SwiGLU,
+        "BitCast": BitCast,
         "RotaryEmbedding": RotaryEmbedding,
         "LSTM": LSTM,
         "GRU": GRU,
@@ -238,6 +286,55 @@ def _converters(tvm_map: dict[str, Any]) -> dict[str, type]:
         "CumProd": CumProd,
         "ReverseSequence": ReverseSequence,
     }
+
+
+def _dft(bb: Any, x: Any, axis: int, attr: dict[str, Any]) -> Any:
+    """The DFT of ``x`` [..., n, ..., 1 or 2] (real, or real and imaginary parts) along ``axis``: forward,
+    inverse (divided by n), one-sided (the first n // 2 + 1 frequencies) and the inverse of a one-sided
+    spectrum (a real signal of 2 (m - 1) samples, as ``numpy.fft.irfft``)."""
+    op = relax.op
+    x = bb.normalize(x)
+    shape, dtype = _static_shape(bb, x), _dtype(bb, x)
+    rank = len(shape)
+    axis %= rank
+    inverse, onesided = bool(attr.get("inverse", 0)), bool(attr.get("onesided", 0))
+
+    def component(index: int) -> Any:
+        part = op.strided_slice(x, axes=[rank - 1], begin=[index], end=[index + 1])
+        return bb.normalize(op.squeeze(part, [rank - 1]))
+
+    real = component(0)
+    imag = component(1) if shape[-1] == 2 else None
+    order = [i for i in range(rank - 1) if i != axis] + [axis]  # the signal axis last, for a matmul
+    back = list(np.argsort(order))
+    real = bb.normalize(op.permute_dims(real, order))
+    imag = bb.normalize(op.permute_dims(imag, order)) if imag is not None else None
+    n = shape[axis]
+    if inverse and onesided:  # one-sided spectrum of m bins -> 2 (m - 1) real samples
+        size = 2 * (n - 1)
+        angle = 2 * np.pi * np.outer(np.arange(n), np.arange(size)) / size
+        weight = np.full((n, 1), 2.0)
+        weight[0] = weight[-1] = 1.0
+        cos_m, sin_m = weight * np.cos(angle) / size, weight * np.sin(angle) / size
+        out = op.matmul(real, relax.const(cos_m.astype(dtype)))
+        if imag is not None:
+            out = op.subtract(out, op.matmul(imag, relax.const(sin_m.astype(dtype))))
+        parts = [bb.normalize(out)]
+    else:
+        bins = n // 2 + 1 if onesided else n
+        angle = 2 * np.pi * np.outer(np.arange(n), np.arange(bins)) / n
+        scale = 1.0 / n if inverse else 1.0
+        cos_m = relax.const((np.cos(angle) * scale).astype(dtype))
+        sin_m = relax.const((np.sin(angle) * scale).astype(dtype))
+        sign = 1.0 if inverse else -1.0  # e^{-i angle} forward, e^{+i angle} inverse
+        out_real = op.matmul(real, cos_m)
+        out_imag = op.multiply(relax.const(sign, dtype), op.matmul(real, sin_m))
+        if imag is not None:
+            out_real = op.subtract(out_real, op.multiply(relax.const(sign, dtype), op.matmul(imag, sin_m)))
+            out_imag = op.add(out_imag, op.matmul(imag, cos_m))
+        parts = [bb.normalize(out_real), bb.normalize(out_imag)]
+    parts = [bb.normalize(op.permute_dims(p, [int(i) for i in back])) for p in parts]
+    return op.stack(parts, axis=rank - 1)
 
 
 def _rotary_embedding(bb: Any, inputs: Any, attr: dict[str, Any]) -> Any:
