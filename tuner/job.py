@@ -38,7 +38,7 @@ from tuner.profile import host_limits, kernel_flops, profile_model
 from tuner.recorder import JobListener, JobRecorder
 from tuner.rpc.device_info import device_caches
 from tuner.rpc.tracker import check_runner, validate_runner
-from tuner.sandbox import SandboxLimits, is_out_of_memory, memory_limit
+from tuner.sandbox import SandboxLimits, file_bytes, is_out_of_memory, memory_limit
 from tuner.schedule_choice import choose_schedules
 from tuner.settings import Settings
 from tuner.store.sql import Store
@@ -260,10 +260,11 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     target = to_tvm_target(spec.target)
     # The same memory bound as the sandbox's: a model that folds into gigabytes fails this job with the
     # reason instead of exhausting the worker's machine.
+    path = model_file(store, settings, model.id)
     try:
         with memory_limit(settings.import_memory_mb):
             imported = load_model(
-                model_file(store, settings, model.id),
+                path,
                 _input_shapes(model, spec),
                 max_unpacked_bytes=settings.max_unpacked_mb << 20,
             )
@@ -279,7 +280,7 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
             )
     except Exception as exc:
         if is_out_of_memory(exc):
-            raise SandboxLimits.from_settings(settings).too_much_memory() from None
+            raise SandboxLimits.from_settings(settings).too_much_memory(file_bytes(path)) from None
         raise
     store.set_ir_levels(job.id, plan.levels)
     scope = settings.record_scope(job.owner)

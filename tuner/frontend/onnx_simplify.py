@@ -132,10 +132,11 @@ def _fixed_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
 
 
 def skeleton(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> tuple[onnx.ModelProto, list[str]]:
-    """A copy of ``model`` for the optimizer: its inputs of the static ``shapes``, and its initializers over
-    :data:`WEIGHT_BYTES` turned into graph inputs of their type and shape (so they are neither copied
-    into onnxruntime nor folded: what the importer needs folded is computed from shapes and small
-    constants); returns it and the names of the initializers it left out."""
+    """A copy of ``model`` without its weights, for the optimizer and the checker: its inputs of the
+    static ``shapes``, and its initializers over :data:`WEIGHT_BYTES` turned into graph inputs of their
+    type and shape (so they are neither copied into onnxruntime nor folded: what the importer needs
+    folded is computed from shapes and small constants); returns it and the names of the initializers it
+    left out."""
     import onnx
     from onnx import helper
 
@@ -175,15 +176,29 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
 
 
 def _with_weights(folded: onnx.ModelProto, model: onnx.ModelProto, weights: list[str]) -> onnx.ModelProto:
-    """``folded`` with the initializers :func:`skeleton` left out put back from ``model`` (in place)."""
-    names = set(weights)
-    declared = {v.name for v in model.graph.input}
-    kept = [v for v in folded.graph.input if v.name not in names or v.name in declared]
-    del folded.graph.input[:]
-    folded.graph.input.extend(kept)
-    used = {name for node in folded.graph.node for name in node.input}
-    folded.graph.initializer.extend(t for t in model.graph.initializer if t.name in names and t.name in used)
-    return folded
+    """``model`` (in place) turned into ``folded`` around its own weights: the graph's nodes, inputs,
+    outputs, small initializers and opsets are ``folded``'s, and the weights :func:`skeleton` left out stay
+    where they are (not copied: a large model's weights exist once), less those the folded graph no
+    longer reads."""
+    graph, names = model.graph, set(weights)
+    used = {name for node in folded.graph.node for name in node.input} | {v.name for v in folded.graph.output}
+    for index in reversed(range(len(graph.initializer))):
+        name = graph.initializer[index].name
+        if name not in names or name not in used:
+            del graph.initializer[index]
+    graph.initializer.extend(folded.graph.initializer)
+    declared = {v.name for v in graph.input}
+    inputs = [v for v in folded.graph.input if v.name not in names or v.name in declared]
+    for field, values in (
+        (graph.input, inputs),
+        (graph.node, folded.graph.node),
+        (graph.output, folded.graph.output),
+        (graph.value_info, folded.graph.value_info),
+        (model.opset_import, folded.opset_import),
+    ):
+        del field[:]
+        field.extend(values)
+    return model
 
 
 def constants_as_tensors(model: onnx.ModelProto) -> int:
