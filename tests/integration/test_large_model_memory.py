@@ -21,8 +21,7 @@ pytestmark = pytest.mark.slow
 
 WIDTH, LAYERS = 2048, 10  # 10 x 16 MiB of fp32 weights
 
-MEASURE = (
-    """
+MEASURE = """
 import json, sys, threading, time
 from pathlib import Path
 from tuner.frontend import load_model, warm_up
@@ -44,15 +43,13 @@ def watch():
 
 watcher = threading.Thread(target=watch, daemon=True)
 watcher.start()
-imported = load_model(Path(sys.argv[1]), {"x": (4, %d)})
+imported = load_model(Path(sys.argv[1]), {"x": (4, int(sys.argv[2]))})
 plan = plan_graph(imported.mod, target)
 done.set()
 watcher.join()
 peak[0] = max(peak[0], data_segment_bytes())
 print(json.dumps({"growth": peak[0] - base, "tasks": len(plan.tasks)}))
 """
-    % WIDTH
-)
 
 
 def _large_model(path: Path) -> int:
@@ -87,7 +84,11 @@ def test_planning_memory_is_in_proportion_to_the_weights(tmp_path: Path) -> None
     path = tmp_path / "large.onnx"
     weights = _large_model(path)
     done = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, timeout=600, check=True
+        [sys.executable, "-c", MEASURE, str(path), str(WIDTH)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["tasks"] >= 1
