@@ -64,6 +64,8 @@ CASES = [
     # Kiln's passes and build on kernels TVM's layout rewrites used to fail on
     "test_max_two_inputs",
     "test_scatter_elements_with_axis",
+    # onnxruntime expands a float16 Range into a Loop TVM lacks: that folding is not kept
+    "test_range_float16_type_positive_delta",
     # Constant in its scalar and list forms (value_float...); an empty input; an old opset (7)
     "test_selu_expanded_ver18",
     "test_mvn_expanded_ver18",

@@ -287,9 +287,7 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
             f"'{path.name}': input '{name}' has element type '{dtype}', which Kiln cannot feed"
         )
 
-    simplified = simplify(model, shapes)
-    if not _unsupported_onnx_ops(simplified.model):  # onnxruntime's rewrites use operators TVM has
-        model = simplified.model
+    model = simplify(model, shapes, _unsupported_onnx_ops).model
 
     tvm_onnx = tvm_frontends().onnx_importer()
     try:

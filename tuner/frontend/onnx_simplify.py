@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -245,21 +246,31 @@ def has_foldable_values(model: onnx.ModelProto) -> bool:
     return False
 
 
-def simplify(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> Simplified:
+def simplify(
+    model: onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]],
+    unconvertible: Callable[[onnx.ModelProto], list[str]] = lambda _: [],
+) -> Simplified:
     """``model`` with its ``Constant`` nodes rewritten (in place) and, when it has any, the values it
     computes from shapes and constants folded by onnxruntime for the input ``shapes`` (see the module);
-    ``model`` itself when there was nothing to fold or the folding failed."""
+    ``model`` itself when there was nothing to fold, the folding failed, or the folded graph has operators
+    ``unconvertible`` names (onnxruntime expands an operator it has no kernel for, such as a float16
+    ``Range``, into its function body, a ``Loop``)."""
     constants_as_tensors(model)
     before = len(model.graph.node)
     if not has_foldable_values(model):
         return Simplified(model, False, before, before, "nothing to fold")
     try:
         light, weights = skeleton(model, shapes)
-        folded = _with_weights(_fold_with_onnxruntime(light), model, weights)
+        folded = _fold_with_onnxruntime(light)
     except Exception as err:  # noqa: BLE001 - onnxruntime raises its own exception types per failure
         reason = short_error(err, limit=300)
         log.info("onnxruntime could not fold the model's constants; converting it as it is: %s", reason)
         return Simplified(model, False, before, before, reason)
+    lacking = unconvertible(folded)
+    if lacking:
+        return Simplified(model, False, before, before, f"folding brought in {', '.join(lacking)}")
+    folded = _with_weights(folded, model, weights)
     return Simplified(folded, True, before, len(folded.graph.node))
 
 
