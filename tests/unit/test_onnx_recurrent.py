@@ -12,13 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tuner.compile import LoadedModel, build_untuned
-from tuner.frontend import load_model
-from tuner.targets import host_target, to_tvm_target
+from tests.onnx_import import assert_outputs_match, untuned_outputs
 
 ort = pytest.importorskip("onnxruntime")
-
-TARGET = to_tvm_target(host_target())
 SEQ, BATCH, FEATURES, HIDDEN = 5, 3, 4, 6
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -114,9 +110,4 @@ def test_recurrent_against_onnxruntime(
         expected = ReferenceEvaluator(model).run(None, feeds)
     else:
         expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
-    imported = load_model(path, {k: v.shape for k, v in feeds.items()})
-    got = LoadedModel(build_untuned(imported.mod, TARGET)).run(list(feeds.values()))
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected, strict=True):
-        assert g.shape == e.shape
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+    assert_outputs_match(untuned_outputs(path, feeds), expected, rtol=1e-4, atol=1e-5)

@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.onnx_import import assert_outputs_match, untuned_outputs
 from tuner.compile import LoadedModel, build_untuned
 from tuner.errors import InvalidModel
 from tuner.frontend import load_model
@@ -33,12 +34,7 @@ def _check_against_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarr
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
-    imported = load_model(path, {k: v.shape for k, v in feeds.items()})
-    got = LoadedModel(build_untuned(imported.mod, TARGET)).run(list(feeds.values()))
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected, strict=True):
-        assert g.shape == e.shape
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    assert_outputs_match(untuned_outputs(path, feeds), expected, rtol=1e-5, atol=1e-6)
 
 
 def _flatten_by_shape() -> onnx.ModelProto:
