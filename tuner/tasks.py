@@ -102,7 +102,11 @@ def inference_passes(
             guard(relax.transform.EliminateCommonSubexpr(), "common-subexpression elimination"),
             guard(relax.transform.FoldConstant(), "constant folding"),
             guard(relax.transform.DeadCodeElimination(), "dead-code elimination"),
-            *([guard(pack_for_vnni(vnni_report), "VNNI weight packing", vnni_report)] if vnni_report else []),
+            *(
+                [guard(pack_for_vnni(vnni_report), "VNNI weight packing", vnni_report)]
+                if vnni_report is not None
+                else []
+            ),
             *(
                 [guard(pack_for_amx_bf16(bf16_report), "bf16 weight packing", bf16_report)]
                 if bf16_report is not None

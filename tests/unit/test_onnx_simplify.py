@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.onnx_import import assert_outputs_match, untuned_outputs
 from tuner.compile import LoadedModel, build_untuned
-from tuner.errors import InvalidModel
+from tuner.errors import InvalidModel, UnsupportedOperator
 from tuner.frontend import load_model
 from tuner.frontend.onnx_simplify import has_foldable_values, simplify
 from tuner.targets import host_target, to_tvm_target
@@ -174,3 +174,22 @@ def test_an_optional_tensor_input_and_an_empty_input_are_fed_as_tensors(tmp_path
     (got,) = LoadedModel(build_untuned(imported.mod, TARGET)).run([x, np.zeros((0,), dtype=np.float64)])
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, x.astype(np.float64))
+
+
+def test_a_training_operator_is_refused_as_such(tmp_path: Path) -> None:
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 5])
+    labels = helper.make_tensor_value_info("labels", TensorProto.INT64, [2])
+    loss = helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["scores", "labels"], ["loss"])
+    model = helper.make_model(
+        helper.make_graph([node], "g", [scores, labels], [loss]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    path = tmp_path / "loss.onnx"
+    onnx.save(model, path)
+    with pytest.raises(UnsupportedOperator) as caught:
+        load_model(path)
+    assert caught.value.message == (
+        "operator 'SoftmaxCrossEntropyLoss' is not supported by the ONNX importer; SoftmaxCrossEntropyLoss is a "
+        "training operator: Kiln compiles models for inference, so export the model without its training graph"
+    )
