@@ -57,9 +57,19 @@ def attention(bb: Any, inputs: Any, attr: dict[str, Any]) -> Any:
             causal = relax.const(np.where(j <= i + past_len, 0.0, -np.inf).astype(dtype))
         bias = causal if bias is None else relax.op.add(bias, causal)
     left, right = int(attr.get("left_window_size", -1)), int(attr.get("right_window_size", -1))
-    if left >= 0 or right >= 0:
-        if nonpad is not None and past_key is None:
-            raise ValueError("Attention with a sliding window over an external key cache")
+    if (left >= 0 or right >= 0) and nonpad is not None and past_key is None:
+        # an external cache: each batch entry's window ends at its own frontier, nonpad[b] - q_len
+        offset = relax.op.subtract(relax.op.astype(nonpad, "int64"), relax.const(q_len, "int64"))
+        distance = relax.op.add(relax.const(i - j, "int64"), relax.op.reshape(offset, (batch, 1, 1, 1)))
+        bounds = []
+        if left >= 0:
+            bounds.append(relax.op.less_equal(distance, relax.const(left, "int64")))
+        if right >= 0:
+            bounds.append(relax.op.less_equal(relax.op.negative(distance), relax.const(right, "int64")))
+        allowed_expr = bounds[0] if len(bounds) == 1 else relax.op.logical_and(bounds[0], bounds[1])
+        window = relax.op.where(allowed_expr, zero, neg_inf)
+        bias = window if bias is None else relax.op.add(bias, window)
+    elif left >= 0 or right >= 0:
         diff = i + past_len - j
         allowed = np.ones_like(diff, dtype=bool)
         if left >= 0:

@@ -39,6 +39,7 @@ CASES = [
     "test_attention_4d_with_qk_matmul_softmax",
     "test_attention_causal_boolmask_nan_robustness",
     "test_attention_local_window_gqa_rank4_mask",
+    "test_attention_local_window_ext_cache_rank3_head_mask",
     "test_rotary_embedding",
     "test_rotary_embedding_3d_input",
     "test_rotary_embedding_with_interleaved_rotary_dim",
