@@ -18,6 +18,7 @@ from tuner.frontend.imported import (
 )
 from tuner.frontend.onnx_qoperator import qoperator_to_qdq
 from tuner.frontend.onnx_simplify import simplify, skeleton
+from tuner.frontend.onnx_unroll import unroll_loops
 from tuner.frontend.shapes import UNKNOWN_RANK, resolve_input_shapes
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ MIN_ONNX_OPSET = 11
 CONVERTED_OPSET = 17
 
 _ONNX_HANDLED_OUTSIDE_MAP = frozenset({"If", "Constant"})  # converted by the importer's own loop
+_UNROLLED = frozenset({"Scan", "Loop"})  # written out by Kiln when their trip count is static
 _ONNX_DTYPE_NAMES = {"object": "string"}
 
 
@@ -217,8 +219,10 @@ def _inline_external_data(model: onnx.ModelProto, path: Path, allowed: bool) -> 
     return bool(tensors)
 
 
-def _unsupported_onnx_ops(model: onnx.ModelProto) -> list[str]:
-    supported = tvm_frontends().onnx_convert_map().keys() | _ONNX_HANDLED_OUTSIDE_MAP
+def _unsupported_onnx_ops(model: onnx.ModelProto, unrolled: frozenset[str] = _UNROLLED) -> list[str]:
+    """The operators of ``model`` no converter handles (``unrolled``: those counted as handled because
+    Kiln writes them out)."""
+    supported = tvm_frontends().onnx_convert_map().keys() | _ONNX_HANDLED_OUTSIDE_MAP | unrolled
     return sorted({node.op_type for node in _onnx_nodes(model.graph) if node.op_type not in supported})
 
 
@@ -287,7 +291,17 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
             f"'{path.name}': input '{name}' has element type '{dtype}', which Kiln cannot feed"
         )
 
-    model = simplify(model, shapes, _unsupported_onnx_ops).model
+    lacking = set(_unsupported_onnx_ops(model, unrolled=frozenset()))  # Scan, Loop: unrolled below
+    model = simplify(
+        model, shapes, lambda folded: sorted(set(_unsupported_onnx_ops(folded, frozenset())) - lacking)
+    ).model
+    unroll_loops(model, shapes)
+    left = _unsupported_onnx_ops(model, unrolled=frozenset())
+    if left:
+        error = UnsupportedOperator(operators=left, importer="ONNX")
+        error.message += " (Kiln writes out a Scan, and a Loop whose trip count is a constant and whose condition stays true)"
+        error.args = (error.message,)
+        raise error
 
     tvm_onnx = tvm_frontends().onnx_importer()
     try:

@@ -253,9 +253,9 @@ def simplify(
 ) -> Simplified:
     """``model`` with its ``Constant`` nodes rewritten (in place) and, when it has any, the values it
     computes from shapes and constants folded by onnxruntime for the input ``shapes`` (see the module);
-    ``model`` itself when there was nothing to fold, the folding failed, or the folded graph has operators
-    ``unconvertible`` names (onnxruntime expands an operator it has no kernel for, such as a float16
-    ``Range``, into its function body, a ``Loop``)."""
+    ``model`` itself when there was nothing to fold, the folding failed, or ``unconvertible`` names
+    operators of the folded graph (those the folding brought in: onnxruntime expands an operator it has no
+    kernel for, such as a float16 ``Range``, into its function body, a ``Loop``)."""
     constants_as_tensors(model)
     before = len(model.graph.node)
     if not has_foldable_values(model):
