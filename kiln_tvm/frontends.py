@@ -24,12 +24,10 @@ _TORCH_NODE_LOOPS = ("_translate_fx_graph",)
 def onnx_importer() -> ModuleType:
     """``tvm.relax.frontend.onnx`` (``from_onnx``), with Kiln's converters in its table
     (:mod:`kiln_tvm.onnx_converters`)."""
-    module = importlib.import_module("tvm.relax.frontend.onnx")
-    if not getattr(module.onnx_frontend._get_convert_map, "kiln_converters", False):
-        from kiln_tvm import onnx_converters
+    from kiln_tvm import onnx_converters
 
-        onnx_converters.install()
-    return module
+    onnx_converters.install()  # once: later calls find the table wrapped
+    return importlib.import_module("tvm.relax.frontend.onnx")
 
 
 def torch_importer() -> ModuleType:

@@ -38,12 +38,13 @@ class UnsupportedOperator(KilnError):
 
     kind = "unsupported_operator"
 
-    def __init__(self, operators: list[str], importer: str) -> None:
+    def __init__(self, operators: list[str], importer: str, reason: str = "") -> None:
+        """``reason`` follows the list in the message as written (with its own leading punctuation)."""
         self.operators = sorted(set(operators))
         names = ", ".join(f"'{op}'" for op in self.operators)
         noun = "operator" if len(self.operators) == 1 else "operators"
         verb = "is" if len(self.operators) == 1 else "are"
-        super().__init__(f"{noun} {names} {verb} not supported by the {importer} importer")
+        super().__init__(f"{noun} {names} {verb} not supported by the {importer} importer{reason}")
 
 
 class MissingInputShape(KilnError):

@@ -41,47 +41,46 @@ def convert_layout(desired: dict[str, list[str]], skipped: SkippedPasses) -> tvm
         if not any(op in present for op in desired):
             return mod
         convert = relax.transform.ConvertLayout(desired)
-        failure = _failure(convert, mod)
-        if failure is None:
-            return convert(mod)
+        converted, failure = _converted(convert, mod)
+        if converted is not None:
+            return converted
         candidates = sorted(op for op in present if op not in desired and _legalizable(op))
-        if candidates and _failure(convert, opaque_calls(mod, candidates)) is None:
+        if candidates and _converted(convert, opaque_calls(mod, candidates))[0] is not None:
             breaking = [
                 op
                 for op in candidates
-                if _failure(convert, opaque_calls(mod, [c for c in candidates if c != op])) is not None
+                if _converted(convert, opaque_calls(mod, [c for c in candidates if c != op]))[0] is None
             ]
             for kept in (breaking, candidates) if breaking else (candidates,):
-                hidden = opaque_calls(mod, kept)
-                if _failure(convert, hidden) is None:
+                converted = _converted(convert, opaque_calls(mod, kept))[0]
+                if converted is not None:
                     names = ", ".join(op.removeprefix("relax.") for op in kept)
                     skipped.add(
                         f"layout conversion to {layout}: {names} kept in the model's layout "
                         f"(TVM's layout rule failed: {failure})"
                     )
-                    return convert(hidden)
-        cast = match_casts_as_outputs(mod)
-        if _failure(convert, cast) is None:
+                    return converted
+        converted = _converted(convert, match_casts_as_outputs(mod))[0]
+        if converted is not None:
             skipped.add(
                 f"layout conversion to {layout}: the values of dynamic shape kept in the model's layout "
                 f"(TVM's layout rule failed: {failure})"
             )
-            return convert(cast)
+            return converted
         skipped.add(f"layout conversion to {layout} skipped: {failure}")
         return mod
 
     return run
 
 
-def _failure(convert: tvm.transform.Pass, mod: tvm.IRModule) -> str | None:
-    """Why ``convert`` fails on ``mod`` (one short line), or None when it does not."""
+def _converted(convert: tvm.transform.Pass, mod: tvm.IRModule) -> tuple[tvm.IRModule | None, str]:
+    """``mod`` converted, or None and why ``convert`` fails on it (one short line)."""
     try:
-        convert(mod)
+        return convert(mod), ""
     except (KilnError, MemoryError):
         raise
     except Exception as err:  # noqa: BLE001 - TVM's layout rules raise InternalError and others
-        return short_error(err, limit=300)
-    return None
+        return None, short_error(err, limit=300)
 
 
 def _legalizable(op_name: str) -> bool:

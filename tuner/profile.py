@@ -46,9 +46,9 @@ HOW = (
     f"passes) less its kernels; taken again in a fresh process, up to {PROFILE_TRIES} times, while the two "
     f"disagree by more than {100 * PROFILE_AGREEMENT:.0f} %, the nearest kept. FLOPs from each kernel's "
     "TIR; bytes = its argument tensors (each read or written once: the least it can move; a kernel whose "
-    "data stays in "
-    "the caches can run above the memory roof). onnxruntime: its own profiler (enable_profiling), median per node. The roofline: this "
-    "machine's measured fp32 FMA peak and STREAM triad bandwidth (kiln machine)."
+    "data stays in the caches can run above the memory roof). onnxruntime: its own profiler "
+    "(enable_profiling), median per node. The roofline: this machine's measured fp32 FMA peak and STREAM "
+    "triad bandwidth (kiln machine)."
 )
 
 
@@ -85,7 +85,7 @@ def build_profile(
     its kernels' FLOPs and, optionally, onnxruntime's profile
     (:func:`tuner.profile_runs.onnxruntime_node_times`)."""
     calls = kiln["calls"]
-    kernel_calls = [c for c in calls if not c["name"].startswith(RUNTIME_PREFIX)]
+    kernel_calls = _kernel_calls(calls)
     kernels_us = sum(c["us"] for c in kernel_calls)
     builtins = len(calls) - len(kernel_calls)
     # The VM's own work is the run's time outside the kernels (none when the kernels, timed in place,
@@ -201,9 +201,13 @@ def _consistent_profile(request: list[str]) -> dict[str, Any]:
 
 def _disagreement(kiln: dict[str, Any]) -> float:
     run_us = float(kiln.get("run_us") or 0.0)
-    calls = kiln.get("calls", [])
-    kernels_us = sum(float(c["us"]) for c in calls if not c["name"].startswith(RUNTIME_PREFIX))
+    kernels_us = sum(float(c["us"]) for c in _kernel_calls(kiln.get("calls", [])))
     return abs(kernels_us - run_us) / run_us if run_us > 0 else float("inf")
+
+
+def _kernel_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The kernels among a profile's calls (the VM's builtins left out)."""
+    return [c for c in calls if not c["name"].startswith(RUNTIME_PREFIX)]
 
 
 def host_key(target: dict[str, Any]) -> str:

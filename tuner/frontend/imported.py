@@ -63,10 +63,9 @@ def conversion_error(
     if op is None:
         return InvalidModel(f"the {importer} importer could not convert '{model_name}': {detail}")
     if isinstance(err, NotImplementedError):  # includes tvm.error.OpNotImplemented
-        typed = UnsupportedOperator(operators=[op], importer=importer)
-        typed.message = f"{typed.message} as node '{node_name}' uses it: {detail}"
-        typed.args = (typed.message,)
-        return typed
+        return UnsupportedOperator(
+            operators=[op], importer=importer, reason=f" as node '{node_name}' uses it: {detail}"
+        )
     return InvalidModel(
         f"the {importer} importer could not convert node '{node_name}' ({op}) of '{model_name}': {detail}"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -232,15 +233,14 @@ def _refuse_unsupported(model: onnx.ModelProto) -> None:
     unsupported = _unsupported_onnx_ops(model)
     if not unsupported:
         return
-    error = UnsupportedOperator(operators=unsupported, importer="ONNX")
     training = sorted(set(unsupported) & tvm_frontends().onnx_training_operators())
-    if training:
-        error.message += (
-            f"; {', '.join(training)} {'is a training operator' if len(training) == 1 else 'are training operators'}"
-            ": Kiln compiles models for inference, so export the model without its training graph"
-        )
-        error.args = (error.message,)
-    raise error
+    reason = (
+        f"; {', '.join(training)} {'is a training operator' if len(training) == 1 else 'are training operators'}"
+        ": Kiln compiles models for inference, so export the model without its training graph"
+        if training
+        else ""
+    )
+    raise UnsupportedOperator(operators=unsupported, importer="ONNX", reason=reason)
 
 
 def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data: bool) -> ImportedModel:
@@ -291,17 +291,19 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
             f"'{path.name}': input '{name}' has element type '{dtype}', which Kiln cannot feed"
         )
 
-    lacking = set(_unsupported_onnx_ops(model, unrolled=frozenset()))  # Scan, Loop: unrolled below
-    model = simplify(
-        model, shapes, lambda folded: sorted(set(_unsupported_onnx_ops(folded, frozenset())) - lacking)
-    ).model
+    # Operators no converter handles, Scan and Loop included (written out below when they can be).
+    unconverted = functools.partial(_unsupported_onnx_ops, unrolled=frozenset())
+    before = set(unconverted(model))
+    model = simplify(model, shapes, lambda folded: sorted(set(unconverted(folded)) - before)).model
     unroll_loops(model, shapes)
-    left = _unsupported_onnx_ops(model, unrolled=frozenset())
+    left = unconverted(model)
     if left:
-        error = UnsupportedOperator(operators=left, importer="ONNX")
-        error.message += " (Kiln writes out a Scan, and a Loop whose trip count is a constant and whose condition stays true)"
-        error.args = (error.message,)
-        raise error
+        raise UnsupportedOperator(
+            operators=left,
+            importer="ONNX",
+            reason=" (Kiln writes out a Scan, and a Loop whose trip count is a constant and whose condition "
+            "stays true)",
+        )
 
     tvm_onnx = tvm_frontends().onnx_importer()
     try:

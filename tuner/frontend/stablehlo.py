@@ -170,11 +170,9 @@ def _inline(bb: Any, program: Program, function: Function, args: list[Any], mode
             try:
                 out = CONVERTERS[op.name](bb, op, operands)
             except UnsupportedForm as err:
-                typed = UnsupportedOperator(operators=[op.name], importer=IMPORTER)
                 where = f" at {op.location}" if op.location else ""
-                typed.message = f"{typed.message}: the form{where} in '{model_name}' is not supported: {err}"
-                typed.args = (typed.message,)
-                raise typed from None
+                reason = f": the form{where} in '{model_name}' is not supported: {err}"
+                raise UnsupportedOperator(operators=[op.name], importer=IMPORTER, reason=reason) from None
             outs = list(out) if isinstance(out, list) else [out]
         for rid, value in zip(op.results, outs, strict=True):
             env[rid] = value
