@@ -101,6 +101,14 @@ ShapeOpt = Annotated[
     list[str] | None,
     typer.Option("--input-shape", help="Shape of an input, e.g. x=1x3x224x224 (repeatable)"),
 ]
+ValueOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--input-value",
+        help="Bind an ONNX input to a value (JSON), a constant of the compiled model: the axes, sizes, "
+        "scales, shape or k a graph takes as an input, e.g. axes=[0,1] (repeatable)",
+    ),
+]
 
 
 @app.command()
@@ -111,6 +119,7 @@ def tune(
     time: TimeOpt = None,
     per_task: PerTaskOpt = None,
     input_shape: ShapeOpt = None,
+    input_value: ValueOpt = None,
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
     space: SpaceOpt = None,
@@ -130,7 +139,7 @@ def tune(
         target, trials, time, per_task, seed, input_shape, cost_model, RunnerSpec(), space, precision
     )
     store = open_store()
-    info, job = _queue(store, model, spec, name, owner, float_model)
+    info, job = _queue(store, model, spec, name, owner, float_model, input_value)
     console.print(
         f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
     )
@@ -164,6 +173,7 @@ def tasks(
     model: Annotated[Path, typer.Argument(help="ONNX file or .pt2 program", exists=True, dir_okay=False)],
     target: TargetOpt = "host",
     input_shape: ShapeOpt = None,
+    input_value: ValueOpt = None,
     show_tir: Annotated[
         str | None, typer.Option(help="Print the unscheduled TIR of this task (name or #)")
     ] = None,
@@ -176,11 +186,13 @@ def tasks(
     ] = False,
 ) -> None:
     """Show the fused kernels (tuning tasks) of a model without tuning it."""
-    from tuner.frontend import load_model, parse_input_shapes
+    from tuner.frontend import load_model, parse_input_shapes, parse_input_values
     from tuner.targets import resolve_target, to_tvm_target
     from tuner.tasks import plan_graph
 
-    imported = load_model(model, parse_input_shapes(input_shape or []))
+    imported = load_model(
+        model, parse_input_shapes(input_shape or []), input_values=parse_input_values(input_value or [])
+    )
     settings = current_settings()
     plan = plan_graph(
         imported.mod,
@@ -221,6 +233,7 @@ def submit(
     time: TimeOpt = None,
     per_task: PerTaskOpt = None,
     input_shape: ShapeOpt = None,
+    input_value: ValueOpt = None,
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
     space: SpaceOpt = None,
@@ -236,7 +249,7 @@ def submit(
     if rpc_tracker or rpc_key:
         runner = RunnerSpec("rpc", rpc_tracker or current_settings().rpc_tracker or "", rpc_key or "")
     spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, runner, space, precision)
-    info, job = _queue(open_store(), model, spec, name, owner, float_model)
+    info, job = _queue(open_store(), model, spec, name, owner, float_model, input_value)
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
 
 
@@ -278,21 +291,30 @@ def _queue(
     name: str | None,
     owner: str,
     float_model: Path | None = None,
+    input_value: list[str] | None = None,
 ) -> tuple[ModelInfo, Job]:
     """Check ``spec`` (all but its model), import and store ``model`` (and the ``float_model`` it came
-    from, whose top-1 the accuracy report compares with), and queue the job on it.
+    from, whose top-1 the accuracy report compares with) with the ``--input-value`` bindings, and queue
+    the job on it.
 
     A bad spec fails before the model is imported, so nothing is stored for it.
     """
+    from tuner.frontend import parse_input_values
     from tuner.job import submit_job, validate_spec
     from tuner.models import register_model
 
     validate_spec(spec)
     _check_owner(store, owner)
     shapes = dict(spec.input_shapes)
-    info, _ = register_model(store, current_settings(), model, name=name, input_shapes=shapes, owner=owner)
+    values = parse_input_values(input_value or [])
+    settings = current_settings()
+    info, _ = register_model(
+        store, settings, model, name=name, input_shapes=shapes, owner=owner, input_values=values
+    )
     if float_model is not None:
-        floats, _ = register_model(store, current_settings(), float_model, input_shapes=shapes, owner=owner)
+        floats, _ = register_model(
+            store, settings, float_model, input_shapes=shapes, owner=owner, input_values=values
+        )
         spec = dataclasses.replace(spec, float_model_id=floats.id)
     return info, submit_job(store, dataclasses.replace(spec, model_id=info.id), owner, current_settings())
 

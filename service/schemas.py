@@ -70,6 +70,13 @@ class TensorOut(EntityOut):
         return cls.from_entity(spec)
 
 
+class BoundInputOut(EntityOut):
+    name: str
+    dtype: str
+    shape: list[int]
+    values: Any = Field(description="The value it was bound to: a number, or nested lists")
+
+
 class ModelOut(EntityOut):
     id: str
     name: str
@@ -78,6 +85,11 @@ class ModelOut(EntityOut):
     size_bytes: int
     inputs: list[TensorOut]
     outputs: list[TensorOut]
+    bound_inputs: list[BoundInputOut] = Field(
+        default_factory=list,
+        description="Inputs of the uploaded model bound to values at upload (input_values): constants of "
+        "the stored model, no longer its inputs",
+    )
     created_at: datetime
 
     @classmethod
@@ -87,6 +99,7 @@ class ModelOut(EntityOut):
             format=model.format.value,
             inputs=[TensorOut.of(t) for t in model.signature.inputs],
             outputs=[TensorOut.of(t) for t in model.signature.outputs],
+            bound_inputs=[BoundInputOut.from_entity(b) for b in model.signature.bound_inputs],
         )
 
 

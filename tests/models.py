@@ -256,3 +256,28 @@ def save_torch_program(
         program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
     torch.export.save(program, path)
     return path
+
+
+#: The values parameterized_onnx's parameter inputs are bound to in the tests.
+PARAMETER_VALUES = {"shape": [6, -1], "axes": [1], "k": [2]}
+
+
+def parameterized_onnx(path: Path) -> Path:
+    """``x`` [2, 3, 4] reshaped by the input ``shape``, summed over the input ``axes``, its top ``k``
+    (an input) taken: three operators whose parameters the graph takes at run time."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    axes = helper.make_tensor_value_info("axes", TensorProto.INT64, [1])
+    k = helper.make_tensor_value_info("k", TensorProto.INT64, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("ReduceSum", ["r", "axes"], ["s"], keepdims=0),
+        helper.make_node("TopK", ["s", "k"], ["y", "i"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [x, shape, axes, k], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

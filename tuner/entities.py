@@ -66,6 +66,24 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class BoundInput:
+    """An input fixed to a value when the model was registered (``input_values``): a constant of the
+    stored model, no longer an input of it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    values: Any  # a number, or nested lists (JSON)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "values": self.values}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BoundInput:
+        return cls(data["name"], data["dtype"], tuple(data["shape"]), data["values"])
+
+
+@dataclass(frozen=True)
 class ModelSignature:
     """Inputs and outputs of a model, in call order."""
 
@@ -74,6 +92,8 @@ class ModelSignature:
     # The inputs as the model itself declares them (dynamic dimensions by name), when they differ from
     # ``inputs`` (concrete shapes given at upload): what a job's input shapes are checked against.
     declared_inputs: tuple[TensorSpec, ...] | None = field(default=None, compare=False)
+    # Inputs of the model as uploaded that were bound to values at registration (no longer inputs).
+    bound_inputs: tuple[BoundInput, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -82,6 +102,8 @@ class ModelSignature:
         }
         if self.declared_inputs is not None and self.declared_inputs != self.inputs:
             data["declared_inputs"] = [t.to_dict() for t in self.declared_inputs]
+        if self.bound_inputs:
+            data["bound_inputs"] = [b.to_dict() for b in self.bound_inputs]
         return data
 
     @classmethod
@@ -91,6 +113,7 @@ class ModelSignature:
             inputs=tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
             outputs=tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
             declared_inputs=tuple(TensorSpec.from_dict(t) for t in declared) if declared else None,
+            bound_inputs=tuple(BoundInput.from_dict(b) for b in data.get("bound_inputs") or ()),
         )
 
     @property

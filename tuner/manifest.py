@@ -40,6 +40,8 @@ def job_manifest(
         "target_key": job.target_key,
         "inputs": [t.to_dict() for t in imported.signature.inputs],
         "outputs": [t.to_dict() for t in imported.signature.outputs],
+        # Inputs of the uploaded model bound to values at registration: constants of this one.
+        "bound_inputs": [b.to_dict() for b in model.signature.bound_inputs],
         "weight_prepack": plan.weight_prepack,
         "fusion": {
             "operators_before": plan.fusion.operators_before,

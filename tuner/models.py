@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tuner.entities import ModelFormat, ModelInfo, ModelSignature
 from tuner.errors import NotFound
@@ -40,16 +41,19 @@ def register_model(
     sandbox: ModelSandbox | None = None,
     allow_external_data: bool = True,
     cancelled: Callable[[], bool] | None = None,
+    input_values: dict[str, Any] | None = None,
 ) -> tuple[ModelInfo, bool]:
     """Import ``path`` in the sandbox (raising a typed error if Kiln cannot use it) and store it once per
     sha256. Returns the model and whether it was new. Nothing is written when the import fails.
 
     ``sandbox`` defaults to a one-off one (no warm process); ``allow_external_data=False`` for
-    uploads: an ONNX file's weights must be inline.
+    uploads: an ONNX file's weights must be inline. ``input_values`` binds inputs to values (JSON): the
+    stored model holds them as constants (:mod:`tuner.frontend.input_values`).
     """
     args = {
         "path": str(Path(path).resolve()),
         "input_shapes": {k: list(v) for k, v in input_shapes.items()} if input_shapes else None,
+        "input_values": input_values or None,
         "allow_external_data": allow_external_data,
         "blob_dir": str(settings.blob_dir.resolve()),
         "max_unpacked_mb": settings.max_unpacked_mb,

@@ -30,8 +30,10 @@ def op_inspect(
     allow_external_data: bool,
     blob_dir: str,
     max_unpacked_mb: int,
+    input_values: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Import an upload to check that Kiln can use it; write its canonical bytes to a temporary blob.
+    """Import an upload to check that Kiln can use it (its ``input_values`` bound); write its canonical
+    bytes to a temporary blob.
 
     Returns the format, sha256, size, signature and the temporary blob's path (the caller renames it
     to its sha256 name or removes it).
@@ -43,6 +45,7 @@ def op_inspect(
         _shapes(input_shapes),
         allow_external_data=allow_external_data,
         max_unpacked_bytes=max_unpacked_mb << 20,
+        input_values=input_values,
     )
     Path(blob_dir).mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=blob_dir, prefix=BLOB_TMP_PREFIX)

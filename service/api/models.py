@@ -18,6 +18,7 @@ from service.polyhedral_schema import PolyhedralOut
 from service.schemas import ErrorOut, ModelOut, ModelTasksOut
 from tuner.entities import ModelInfo, ModelPlan
 from tuner.errors import InvalidSpec
+from tuner.frontend.input_values import parse_input_values_json
 from tuner.inspection import plan_model, planned_task_polyhedral, preview_caches
 from tuner.models import UPLOAD_SPOOL_PREFIX, base_name, register_model, safe_file_name, upload_spool
 
@@ -71,8 +72,16 @@ async def upload_model(
     ],
     name: Annotated[str | None, Form(max_length=255)] = None,
     input_shapes: Annotated[str | None, Form(description='JSON, e.g. {"x": [1, 3, 224, 224]}')] = None,
+    input_values: Annotated[
+        str | None,
+        Form(
+            description="JSON: inputs bound to values (the axes, sizes, scales, shape or k a graph takes as "
+            'an input), constants of the stored model, e.g. {"axes": [0, 1], "k": 3}'
+        ),
+    ] = None,
 ) -> ModelOut:
     shapes = parse_shapes(input_shapes)
+    values = parse_input_values_json(input_values)
     if base_name(file.filename) in (".", ".."):
         raise InvalidSpec(
             f"the upload's file name {file.filename!r} is not a file name; send e.g. 'model.onnx'"
@@ -95,6 +104,7 @@ async def upload_model(
                 name=name or path.stem or "model",
                 input_shapes=shapes,
                 owner=owner,
+                input_values=values,
                 sandbox=state.sandbox,
                 allow_external_data=False,
                 cancelled=client_gone,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -10,8 +13,9 @@ from onnx import TensorProto, helper
 
 from service.app import create_app
 from tests.api.conftest import onnx_bytes
-from tests.models import build_mlp
+from tests.models import PARAMETER_VALUES, build_mlp, parameterized_onnx
 from tuner.settings import Settings
+from tuner.worker import Worker
 
 
 def test_upload_returns_the_model_and_its_signature(client: TestClient, mlp_bytes: bytes) -> None:
@@ -109,6 +113,42 @@ def test_malformed_input_shapes_are_422(client: TestClient, mlp_bytes: bytes, sh
     )
     assert response.status_code == 422
     assert response.json()["error"]["kind"] == "invalid_spec"
+
+
+def test_inputs_bound_at_upload_are_constants_of_the_model_its_jobs_compile(
+    client: TestClient, api_settings: Settings, tmp_path: Path
+) -> None:
+    data = parameterized_onnx(tmp_path / "topk.onnx").read_bytes()
+    refused = client.post("/api/v1/models", files={"file": ("topk.onnx", data)})
+    assert refused.status_code == 422 and "Reshape" in refused.json()["error"]["message"]
+    bad = client.post(
+        "/api/v1/models", files={"file": ("topk.onnx", data)}, data={"input_values": '{"k": [2.5]}'}
+    )
+    assert bad.status_code == 422 and bad.json()["error"]["kind"] == "invalid_spec"
+    assert "not integers" in bad.json()["error"]["message"]
+
+    bound = client.post(
+        "/api/v1/models",
+        files={"file": ("topk.onnx", data)},
+        data={"input_values": json.dumps(PARAMETER_VALUES)},
+    )
+    assert bound.status_code == 201, bound.text
+    model = bound.json()
+    assert [t["name"] for t in model["inputs"]] == ["x"]
+    assert {b["name"]: b["values"] for b in model["bound_inputs"]} == PARAMETER_VALUES
+    assert client.get(f"/api/v1/models/{model['id']}").json()["bound_inputs"] == model["bound_inputs"]
+
+    # A job on it compiles, and verifies itself against onnxruntime running the stored (bound) model.
+    job = client.post("/api/v1/jobs", json={"model_id": model["id"], "trials": 0})
+    assert job.status_code == 202, job.text
+    Worker(api_settings, "test-worker").run_once()
+    done = client.get(f"/api/v1/jobs/{job.json()['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+    artifact = client.get(f"/api/v1/jobs/{done['id']}/artifact")
+    with tarfile.open(fileobj=io.BytesIO(artifact.content)) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert [t["name"] for t in manifest["inputs"]] == ["x"]
+    assert {b["name"]: b["values"] for b in manifest["bound_inputs"]} == PARAMETER_VALUES
 
 
 def test_upload_without_a_file_is_422(client: TestClient) -> None:

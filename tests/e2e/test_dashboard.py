@@ -6,6 +6,7 @@ it the test skips, except where KILN_REQUIRE_BROWSER=1 (CI), where it fails.
 
 from __future__ import annotations
 
+import json
 import os
 import tarfile
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ import httpx
 import onnx
 import pytest
 
-from tests.models import build_mlp
+from tests.models import PARAMETER_VALUES, build_mlp, parameterized_onnx
 
 pytestmark = pytest.mark.slow
 
@@ -291,6 +292,22 @@ def test_a_bf16_job_page_says_how_it_computed_and_how_accurate_it_is(
     assert "Precision bf16: 2 matmul/convolutions on bf16 operands with fp32 accumulation" in note
     assert any(mode in note for mode in ("emulated:", "mixed:", "native:")), note
     assert "matmul 1x256 @ 256x512 -> bf16" in note
+
+
+def test_an_upload_binds_a_graphs_parameter_inputs(
+    start_server: Callable[..., str], browser_page, tmp_path: Path
+) -> None:
+    page = browser_page
+    url = start_server()
+    path = parameterized_onnx(tmp_path / "topk.onnx")
+    page.goto(url + "/#/submit")
+    page.set_input_files("#model-file", str(path))
+    page.fill("#input-values", json.dumps(PARAMETER_VALUES))
+    page.click("#upload-form button[type=submit]")
+    page.locator("#model-ready").wait_for()
+    rows = page.locator("#model-ready + table tbody tr").all_inner_texts()
+    assert [r.split("\t")[:2] for r in rows if r.startswith("input")] == [["input", "x"]]
+    assert any(r.startswith("bound\tk\t[1] = [2]") for r in rows), rows
 
 
 def test_the_page_asks_for_a_token_and_says_when_it_is_wrong(

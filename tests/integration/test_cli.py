@@ -109,6 +109,20 @@ def test_bad_input_shape_syntax_exits_2(tmp_path: Path) -> None:
     assert "--input-shape" in done.stderr
 
 
+def test_input_values_bind_a_graphs_parameters(tmp_path: Path) -> None:
+    from tests.models import PARAMETER_VALUES, parameterized_onnx
+
+    path = parameterized_onnx(tmp_path / "topk.onnx")
+    values = [f"--input-value={name}={json.dumps(v)}" for name, v in PARAMETER_VALUES.items()]
+    done = kiln("tasks", str(path), *values, data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "topk" in done.stdout
+    unbound = kiln("tasks", str(path), data_dir=tmp_path)
+    assert unbound.returncode == 2 and "Reshape" in unbound.stderr
+    bad = kiln("tasks", str(path), "--input-value", "k", data_dir=tmp_path)
+    assert bad.returncode == 2 and "expected NAME=JSON" in bad.stderr
+
+
 def test_db_upgrade_and_current(tmp_path: Path) -> None:
     done = kiln("db", "upgrade", data_dir=tmp_path)
     assert done.returncode == 0, done.stderr

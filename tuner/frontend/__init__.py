@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tuner.entities import ModelFormat, ModelSignature
 from tuner.errors import InvalidSpec, MissingDependency
@@ -26,6 +27,7 @@ from tuner.frontend import stablehlo as stablehlo_import
 from tuner.frontend import torch as torch_import
 from tuner.frontend.formats import detect_format
 from tuner.frontend.imported import ImportedModel, tvm_frontends
+from tuner.frontend.input_values import parse_input_values, parse_input_values_json
 from tuner.frontend.onnx import MIN_ONNX_OPSET
 from tuner.frontend.shapes import UNKNOWN_RANK, check_given_shape, parse_input_shapes
 from tuner.frontend.torch import DEFAULT_MAX_UNPACKED_BYTES
@@ -67,12 +69,15 @@ def load_model(
     *,
     allow_external_data: bool = True,
     max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
+    input_values: Mapping[str, Any] | None = None,
 ) -> ImportedModel:
     """Import an ONNX model or a torch.export program into Relax with every input shape static.
 
     ``input_shapes`` gives shapes for inputs with dynamic dimensions (and may restate static ones).
     ``allow_external_data=False`` (an upload: one file, nothing beside it) refuses ONNX weights kept in
     other files without looking at the file system; ``max_unpacked_bytes`` bounds a .pt2 archive.
+    ``input_values`` binds ONNX inputs to values (:mod:`tuner.frontend.input_values`): constants of the
+    imported model, no longer its inputs.
     """
     path = Path(path)
     try:
@@ -81,7 +86,12 @@ def load_model(
         raise InvalidSpec(f"input shapes must map input names to tuples of integers: {err}") from None
     fmt = detect_format(path)
     if fmt is ModelFormat.ONNX:
-        return onnx_import.load_onnx(path, given, allow_external_data)
+        return onnx_import.load_onnx(path, given, allow_external_data, input_values)
+    if input_values:
+        raise InvalidSpec(
+            f"input_values binds inputs of ONNX models; '{path.name}' is a {fmt.value} program, whose "
+            "export fixes such values itself"
+        )
     if fmt in (ModelFormat.JAX_EXPORT, ModelFormat.STABLEHLO):
         return stablehlo_import.load_jax(path, fmt, given)
     return torch_import.load_torch(path, given, max_unpacked_bytes)
@@ -96,6 +106,8 @@ __all__ = [
     "detect_format",
     "load_model",
     "parse_input_shapes",
+    "parse_input_values",
+    "parse_input_values_json",
     "read_signature",
     "warm_up",
 ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from tuner.entities import Dim, ModelFormat, ModelSignature, TensorSpec
+from tuner.entities import BoundInput, Dim, ModelFormat, ModelSignature, TensorSpec
 from tuner.errors import InvalidModel, KilnError, UnsupportedOperator
 from tuner.frontend.shapes import UNKNOWN_RANK
 
@@ -166,9 +166,10 @@ def imported_model(
     output_names: list[str],
     fmt: ModelFormat,
     canonical: bytes,
+    bound: tuple[BoundInput, ...] = (),
 ) -> ImportedModel:
     """What an importer returns: ``main``'s inputs checked static and given their concrete ``shapes``,
-    its outputs named, and the model's canonical bytes with their hash."""
+    its outputs named, the inputs ``bound`` to values, and the model's canonical bytes with their hash."""
     check_static_params(mod, model_name, declared.inputs)
     inputs = tuple(
         TensorSpec(name=spec.name, shape=shapes[spec.name], dtype=spec.dtype) for spec in declared.inputs
@@ -176,7 +177,10 @@ def imported_model(
     return ImportedModel(
         mod=mod,
         signature=ModelSignature(
-            inputs=inputs, outputs=output_specs(mod, output_names), declared_inputs=declared.inputs
+            inputs=inputs,
+            outputs=output_specs(mod, output_names),
+            declared_inputs=declared.inputs,
+            bound_inputs=bound,
         ),
         format=fmt,
         sha256=hashlib.sha256(canonical).hexdigest(),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tuner.entities import Dim, ModelFormat, ModelSignature, TensorSpec
+from tuner.entities import BoundInput, Dim, ModelFormat, ModelSignature, TensorSpec
 from tuner.errors import InvalidModel, UnsupportedOperator
 from tuner.frontend.imported import (
     ImportedModel,
@@ -17,6 +17,7 @@ from tuner.frontend.imported import (
     short_error,
     tvm_frontends,
 )
+from tuner.frontend.input_values import bind_arrays, bound_inputs
 from tuner.frontend.onnx_qoperator import qoperator_to_qdq
 from tuner.frontend.onnx_simplify import simplify, skeleton
 from tuner.frontend.onnx_unroll import unroll_loops
@@ -243,12 +244,34 @@ def _refuse_unsupported(model: onnx.ModelProto) -> None:
     raise UnsupportedOperator(operators=unsupported, importer="ONNX", reason=reason)
 
 
-def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data: bool) -> ImportedModel:
+def bind_inputs(model: onnx.ModelProto, values: Mapping[str, Any], model_name: str) -> tuple[BoundInput, ...]:
+    """Make each input named in ``values`` a constant of ``model`` (an initializer; no longer an input
+    from IR version 4, where an initializer need not be one), in place."""
+    from onnx import numpy_helper
+
+    arrays = bind_arrays(model_signature(model, model_name).inputs, values)
+    for name, array in arrays.items():
+        model.graph.initializer.append(numpy_helper.from_array(array, name))
+    if model.ir_version >= 4:
+        kept = [v for v in model.graph.input if v.name not in arrays]
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+    return bound_inputs(arrays)
+
+
+def load_onnx(
+    path: Path,
+    given: dict[str, tuple[int, ...]],
+    allow_external_data: bool,
+    input_values: Mapping[str, Any] | None = None,
+) -> ImportedModel:
     import onnx
 
     data = path.read_bytes()
     model = parse_model(path, data)
-    if _inline_external_data(model, path, allow_external_data):
+    inlined = _inline_external_data(model, path, allow_external_data)
+    bound = bind_inputs(model, input_values, path.name) if input_values else ()
+    if inlined or bound:
         try:
             canonical = model.SerializeToString()
         except ValueError as err:
@@ -320,4 +343,4 @@ def load_onnx(path: Path, given: dict[str, tuple[int, ...]], allow_external_data
         raise conversion_error(err, "ONNX", path.name, op, getattr(node, "name", None)) from None
 
     outputs = [o.name for o in model.graph.output]
-    return imported_model(mod, path.name, declared, shapes, outputs, ModelFormat.ONNX, canonical)
+    return imported_model(mod, path.name, declared, shapes, outputs, ModelFormat.ONNX, canonical, bound)

@@ -18,6 +18,7 @@ function modelForm(onSelect) {
   const uploadError = h("div", {});
   const info = h("div", {});
   const shapes = h("textarea", { id: "input-shapes", rows: 2, placeholder: '{"x": [1, 3, 224, 224]}' });
+  const values = h("textarea", { id: "input-values", rows: 2, placeholder: '{"axes": [0, 1], "k": 3}' });
   const file = h("input", { type: "file", id: "model-file", accept: ".onnx,.pt2,.jax,.mlir", required: true });
   const name = h("input", { type: "text", id: "model-name", placeholder: "default: the file name" });
   const existing = h("select", { id: "existing-model" }, h("option", { value: "" }, "— or pick an uploaded model —"));
@@ -27,7 +28,8 @@ function modelForm(onSelect) {
     fill(info,
       h("div", { class: "notice", id: "model-ready" }, `Model “${model.name}” (${model.format}, ${(model.size_bytes / 1e6).toFixed(2)} MB, sha256 ${model.sha256.slice(0, 12)}) is ready.`),
       h("table", {}, h("thead", {}, h("tr", {}, ...["", "Name", "Shape", "Type"].map((t) => h("th", {}, t)))),
-        h("tbody", {}, tensorRows(model.inputs, "input"), tensorRows(model.outputs, "output"))));
+        h("tbody", {}, tensorRows(model.inputs, "input"), tensorRows(model.outputs, "output"),
+          (model.bound_inputs || []).map((b) => h("tr", {}, h("td", {}, "bound"), h("td", {}, b.name), h("td", {}, `[${b.shape.join(", ")}] = ${JSON.stringify(b.values)}`), h("td", {}, b.dtype))))));
     onSelect(model);
   }
 
@@ -39,6 +41,7 @@ function modelForm(onSelect) {
     body.append("file", file.files[0]);
     if (name.value.trim()) body.append("name", name.value.trim());
     if (shapes.value.trim()) body.append("input_shapes", shapes.value.trim());
+    if (values.value.trim()) body.append("input_values", values.value.trim());
     const button = form.querySelector("button");
     button.disabled = true;
     button.textContent = "Importing…";
@@ -57,6 +60,7 @@ function modelForm(onSelect) {
     h("label", {}, "Model file (ONNX, torch.export .pt2, jax.export .jax or StableHLO .mlir)", file),
     h("label", {}, "Name", name),
     h("label", {}, "Input shapes, for inputs with dynamic dimensions (JSON)", shapes),
+    h("label", {}, "Input values, for inputs that are a graph's parameters: its axes, sizes, scales, shape or k, made constants (JSON)", values),
     h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Upload")),
     uploadError,
     h("div", { class: "field" }, existing));
