@@ -24,6 +24,7 @@ from tuner.frontend.imported import (
     tvm_frontends,
 )
 from tuner.frontend.shapes import format_shape, resolve_input_shapes
+from tuner.frontend.torch_rewrites import drop_empty_cat_operands
 from tuner.pt2_archive import check_archive, check_pickled_members, force_weights_only_load
 
 if TYPE_CHECKING:
@@ -207,11 +208,13 @@ def decompose_program(program: Any, model_name: str) -> Any:
     """The program decomposed to core ATen, what TVM's importer converts."""
     try:
         with quiet_importer("torch.export decomposition"):
-            return program.run_decompositions()
+            decomposed = program.run_decompositions()
     except Exception as err:  # noqa: BLE001
         raise InvalidModel(
             f"could not decompose the program in '{model_name}' to core ATen: {short_error(err)}"
         ) from None
+    drop_empty_cat_operands(decomposed)
+    return decomposed
 
 
 def convert_program(program: Any, model_name: str) -> tvm.IRModule:
