@@ -49,12 +49,12 @@ def op_inspect(
     )
     Path(blob_dir).mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=blob_dir, prefix=BLOB_TMP_PREFIX)
-    with os.fdopen(fd, "wb") as out:
-        out.write(imported.canonical_bytes)
+    os.close(fd)
+    imported.write_canonical(Path(tmp))
     return {
         "format": imported.format.value,
         "sha256": imported.sha256,
-        "size_bytes": len(imported.canonical_bytes),
+        "size_bytes": Path(tmp).stat().st_size,
         "signature": imported.signature.to_dict(),
         "blob_tmp": tmp,
     }

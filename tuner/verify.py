@@ -267,7 +267,7 @@ def onnxruntime_model(imported: ImportedModel, build_dir: Path) -> tuple[Path | 
         return None, "onnxruntime is not installed"
     onnx_file = build_dir / "model.onnx"
     if not onnx_file.exists():
-        onnx_file.write_bytes(imported.canonical_bytes)
+        imported.write_canonical(onnx_file)
     return onnx_file, ""
 
 
@@ -291,9 +291,8 @@ def _onnxruntime_runner(
     options = onnxruntime.SessionOptions()
     if reference_semantics:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = onnxruntime.InferenceSession(
-        imported.canonical_bytes, options, providers=["CPUExecutionProvider"]
-    )
+    source = imported.canonical if isinstance(imported.canonical, bytes) else str(imported.canonical)
+    session = onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
     def run(inputs: list[np.ndarray]) -> list[np.ndarray]:
         feed = {spec.name: x for spec, x in zip(imported.signature.inputs, inputs, strict=True)}

@@ -7,9 +7,11 @@ import contextlib
 import hashlib
 import io
 import logging
+import shutil
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +33,22 @@ class ImportedModel:
     signature: ModelSignature  # concrete input shapes; outputs as the imported ``main`` returns them
     format: ModelFormat
     sha256: str  # of ``canonical_bytes``
-    canonical_bytes: bytes  # the model as one blob: ONNX with external data inlined, or the .pt2 file
+    #: The model as one blob (ONNX with external data inlined and inputs bound, or the .pt2 file): its
+    #: bytes, or the file that holds them as they are, read when asked for (a model's weights are not
+    #: held a second time while it is planned).
+    canonical: bytes | Path
+
+    @property
+    def canonical_bytes(self) -> bytes:
+        """The model's canonical bytes (read from its file when they are kept there)."""
+        return self.canonical if isinstance(self.canonical, bytes) else self.canonical.read_bytes()
+
+    def write_canonical(self, dest: Path) -> None:
+        """Write the canonical bytes to ``dest`` (a copy of the file when they are kept there)."""
+        if isinstance(self.canonical, bytes):
+            dest.write_bytes(self.canonical)
+        else:
+            shutil.copyfile(self.canonical, dest)
 
 
 def output_names(count: int) -> list[str]:
@@ -165,11 +182,12 @@ def imported_model(
     shapes: Mapping[str, tuple[int, ...]],
     output_names: list[str],
     fmt: ModelFormat,
-    canonical: bytes,
+    canonical: bytes | Path,
     bound: tuple[BoundInput, ...] = (),
 ) -> ImportedModel:
     """What an importer returns: ``main``'s inputs checked static and given their concrete ``shapes``,
-    its outputs named, the inputs ``bound`` to values, and the model's canonical bytes with their hash."""
+    its outputs named, the inputs ``bound`` to values, and the model's canonical bytes (or the file that
+    holds them as they are) with their hash."""
     check_static_params(mod, model_name, declared.inputs)
     inputs = tuple(
         TensorSpec(name=spec.name, shape=shapes[spec.name], dtype=spec.dtype) for spec in declared.inputs
@@ -183,6 +201,13 @@ def imported_model(
             bound_inputs=bound,
         ),
         format=fmt,
-        sha256=hashlib.sha256(canonical).hexdigest(),
-        canonical_bytes=canonical,
+        sha256=_sha256(canonical),
+        canonical=canonical,
     )
+
+
+def _sha256(canonical: bytes | Path) -> str:
+    if isinstance(canonical, bytes):
+        return hashlib.sha256(canonical).hexdigest()
+    with canonical.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

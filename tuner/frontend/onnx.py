@@ -267,10 +267,10 @@ def load_onnx(
 ) -> ImportedModel:
     import onnx
 
-    data = path.read_bytes()
-    model = parse_model(path, data)
+    model = parse_model(path, path.read_bytes())
     inlined = _inline_external_data(model, path, allow_external_data)
     bound = bind_inputs(model, input_values, path.name) if input_values else ()
+    canonical: bytes | Path = path  # the file as it is, read again when asked for
     if inlined or bound:
         try:
             canonical = model.SerializeToString()
@@ -279,8 +279,6 @@ def load_onnx(
                 f"'{path.name}' with its external data inlined is too large for one ONNX file "
                 f"(protobuf's limit is 2 GiB): {short_error(err)}"
             ) from None
-    else:
-        canonical = data
     model = _in_importable_opset(model, path.name)
 
     if model.functions:

@@ -184,14 +184,15 @@ def _bind_torch_shapes(
 def load_torch(path: Path, given: dict[str, tuple[int, ...]], max_unpacked_bytes: int) -> ImportedModel:
     torch = import_torch()
     program = load_program(torch, path, max_unpacked_bytes)
-    return import_program(program, path.name, given, path.read_bytes())
+    return import_program(program, path.name, given, path)
 
 
 def import_program(
-    program: Any, model_name: str, given: Mapping[str, tuple[int, ...]], canonical: bytes
+    program: Any, model_name: str, given: Mapping[str, tuple[int, ...]], canonical: bytes | Path
 ) -> ImportedModel:
     """Import an ``ExportedProgram`` (read from a .pt2 file, or exported in this process) with every input
-    shape static: the ``given`` shapes bind its symbolic sizes. ``canonical`` is the program's .pt2 bytes."""
+    shape static: the ``given`` shapes bind its symbolic sizes. ``canonical`` is the program's .pt2 bytes, or
+    the file that holds them."""
     torch = import_torch()
     declared = program_signature(program, model_name)
     program = decompose_program(program, model_name)
