@@ -14,7 +14,8 @@ constants.
   a node with ``num_heads`` still goes there.
 * ``LSTM``, ``GRU``, ``RNN``: unrolled over the static sequence, every direction and layout, peepholes,
   ``linear_before_reset``, ONNX's activations and ``clip``.
-* ``DFT`` with a constant axis (a matmul with the DFT matrix: forward, inverse, one-sided, and back).
+* ``DFT`` with a constant axis and length (a matmul with the DFT matrix: forward, inverse, one-sided, and
+  back); ``STFT`` with a constant frame step and length (its frames gathered, windowed, transformed).
 * ``RotaryEmbedding`` (opset 23): halves or interleaved pairs, partial rotation, position ids.
 * ``RMSNormalization`` where TVM's legalization fails (every axis normalized, a broadcast scale).
 * ``Swish``, ``SwiGLU``, ``Celu``, ``LpNormalization``, ``CumProd``, ``ReverseSequence``, ``BitCast``.
@@ -34,8 +35,8 @@ import numpy as np
 from kiln_tvm import relax, tvm
 from kiln_tvm.onnx_converters.attention import attention, rotary_embedding
 from kiln_tvm.onnx_converters.recurrent import recurrent
-from kiln_tvm.onnx_converters.spectral import dft
-from kiln_tvm.onnx_converters.tensors import dtype_of, static_shape
+from kiln_tvm.onnx_converters.spectral import dft, stft, with_length
+from kiln_tvm.onnx_converters.tensors import constant, constant_int, dtype_of, static_shape
 
 #: Operators of ONNX's training domain and its loss functions: a model for inference does not use them.
 TRAINING_OPERATORS = frozenset(
@@ -122,15 +123,13 @@ def _converters(tvm_map: dict[str, Any]) -> dict[str, type]:
 
         @classmethod
         def _impl_v26(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
-            x, axis_expr = inputs[0], inputs[1]
-            if not isinstance(axis_expr, tvm.ir.expr.Constant):
-                raise ValueError("CumProd with an axis computed at run time: Kiln needs it constant")
+            x = inputs[0]
             shape = static_shape(bb, x)
-            axis = int(axis_expr.data.numpy().reshape(-1)[0]) % len(shape)
+            axis = constant_int(inputs[1], "CumProd's axis") % len(shape)
             out = relax.op.flip(x, axis) if attr.get("reverse", 0) else x
             out = bb.normalize(relax.op.cumprod(out, axis=axis, dtype=dtype_of(bb, x)))
             if attr.get("exclusive", 0):
-                ones = relax.const(np.ones([*shape[:axis], 1, *shape[axis + 1 :]], dtype=dtype_of(bb, x)))
+                ones = constant(np.ones([*shape[:axis], 1, *shape[axis + 1 :]], dtype=dtype_of(bb, x)))
                 kept = relax.op.strided_slice(out, axes=[axis], begin=[0], end=[shape[axis] - 1])
                 out = relax.op.concat([ones, kept], axis=axis)
             return relax.op.flip(out, axis) if attr.get("reverse", 0) else out
@@ -241,25 +240,47 @@ def _converters(tvm_map: dict[str, Any]) -> dict[str, type]:
             return bb.emit_te(tvm.topi.reinterpret, x, to)
 
     class DFT(base):  # type: ignore[misc, valid-type]
-        """ONNX ``DFT`` with its axis an attribute (opset 17-19) or a constant, and no ``dft_length``: a
-        matmul with the (static) DFT matrix, see :func:`kiln_tvm.onnx_converters.spectral.dft`."""
+        """ONNX ``DFT`` with its axis an attribute (opset 17-19) or a constant, and a constant
+        ``dft_length`` when given: a matmul with the (static) DFT matrix, see
+        :func:`kiln_tvm.onnx_converters.spectral.dft`."""
+
+        @classmethod
+        def _transform(cls, bb: Any, inputs: Any, axis: int, attr: dict[str, Any]) -> Any:
+            x = inputs[0]
+            if len(inputs) > 1 and inputs[1] is not None:
+                x = with_length(bb, x, axis, constant_int(inputs[1], "DFT's dft_length"))
+            return dft(bb, x, axis, attr)
 
         @classmethod
         def _impl_v17(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
-            if inputs[1] is not None:
-                raise ValueError("DFT with a dft_length input")
-            return dft(bb, inputs[0], int(attr.get("axis", 1)), attr)
+            return cls._transform(bb, inputs, int(attr.get("axis", 1)), attr)
 
         @classmethod
         def _impl_v20(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
-            axis = inputs[2]
-            if inputs[1] is not None or (axis is not None and not isinstance(axis, tvm.ir.expr.Constant)):
-                raise ValueError("DFT with a dft_length input, or an axis computed at run time")
-            value = int(axis.data.numpy().reshape(-1)[0]) if axis is not None else -2
-            return dft(bb, inputs[0], value, attr)
+            axis = inputs[2] if len(inputs) > 2 else None
+            value = constant_int(axis, "DFT's axis") if axis is not None else -2
+            return cls._transform(bb, inputs, value, attr)
+
+    class STFT(base):  # type: ignore[misc, valid-type]
+        """ONNX ``STFT`` with a constant frame step and frame length: the signal's frames gathered by a
+        constant index, windowed, and transformed (:func:`kiln_tvm.onnx_converters.spectral.stft`)."""
+
+        @classmethod
+        def _impl_v17(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            window = inputs[2] if len(inputs) > 2 else None
+            length = inputs[3] if len(inputs) > 3 else None
+            return stft(
+                bb,
+                inputs[0],
+                constant_int(inputs[1], "STFT's frame_step"),
+                window,
+                constant_int(length, "STFT's frame_length") if length is not None else None,
+                bool(attr.get("onesided", 1)),
+            )
 
     return {
         "DFT": DFT,
+        "STFT": STFT,
         "SwiGLU": SwiGLU,
         "BitCast": BitCast,
         "RotaryEmbedding": RotaryEmbedding,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from kiln_tvm import relax
-from kiln_tvm.onnx_converters.tensors import dtype_of, heads_first, static_shape
+from kiln_tvm.onnx_converters.tensors import constant, dtype_of, heads_first, static_shape
 
 
 def attention(bb: Any, inputs: Any, attr: dict[str, Any]) -> Any:
@@ -54,7 +54,7 @@ def attention(bb: Any, inputs: Any, attr: dict[str, Any]) -> Any:
             offset = relax.op.reshape(offset, (batch, 1, 1, 1))
             causal = relax.op.where(relax.op.less_equal(relax.const(j - i, "int64"), offset), zero, neg_inf)
         else:
-            causal = relax.const(np.where(j <= i + past_len, 0.0, -np.inf).astype(dtype))
+            causal = constant(np.where(j <= i + past_len, 0.0, -np.inf).astype(dtype))
         bias = causal if bias is None else relax.op.add(bias, causal)
     left, right = int(attr.get("left_window_size", -1)), int(attr.get("right_window_size", -1))
     if (left >= 0 or right >= 0) and nonpad is not None and past_key is None:
@@ -76,7 +76,7 @@ def attention(bb: Any, inputs: Any, attr: dict[str, Any]) -> Any:
             allowed &= diff <= left
         if right >= 0:
             allowed &= -diff <= right
-        window = relax.const(np.where(allowed, 0.0, -np.inf).astype(dtype))
+        window = constant(np.where(allowed, 0.0, -np.inf).astype(dtype))
         bias = window if bias is None else relax.op.add(bias, window)
     if nonpad is not None:
         valid = relax.op.less(

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from kiln_tvm import relax
-from kiln_tvm.onnx_converters.tensors import dtype_of, static_shape
+from kiln_tvm.onnx_converters.tensors import constant, dtype_of, static_shape
 
 #: Gates per cell, and the default activations of one direction (ONNX's operator definitions).
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -117,7 +117,7 @@ def recurrent(bb: Any, kind: str, inputs: Any, attr: dict[str, Any]) -> Any:
         projected = bb.normalize(op.matmul(x, w_t))  # [seq, batch, G*h]
         if w_bias is not None:
             projected = bb.normalize(op.add(projected, w_bias))
-        zeros = relax.const(np.zeros((batch, hidden), dtype=dtype))
+        zeros = constant(np.zeros((batch, hidden), dtype=dtype))
         h = bb.normalize(op.take(h0, relax.const(d, "int64"), axis=0)) if h0 is not None else zeros
         c = bb.normalize(op.take(c0, relax.const(d, "int64"), axis=0)) if c0 is not None else zeros
         p_d = bb.normalize(op.take(peep, relax.const(d, "int64"), axis=0)) if peep is not None else None

@@ -1,4 +1,4 @@
-"""ONNX's ``DFT`` as matmuls with the (static) DFT matrix."""
+"""ONNX's ``DFT`` and ``STFT`` as matmuls with the (static) DFT matrix."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from kiln_tvm import relax
-from kiln_tvm.onnx_converters.tensors import dtype_of, static_shape
+from kiln_tvm.onnx_converters.tensors import constant, dtype_of, static_shape
 
 
 def dft(bb: Any, x: Any, axis: int, attr: dict[str, Any]) -> Any:
@@ -38,16 +38,16 @@ def dft(bb: Any, x: Any, axis: int, attr: dict[str, Any]) -> Any:
         weight = np.full((n, 1), 2.0)
         weight[0] = weight[-1] = 1.0
         cos_m, sin_m = weight * np.cos(angle) / size, weight * np.sin(angle) / size
-        out = op.matmul(real, relax.const(cos_m.astype(dtype)))
+        out = op.matmul(real, constant(cos_m.astype(dtype)))
         if imag is not None:
-            out = op.subtract(out, op.matmul(imag, relax.const(sin_m.astype(dtype))))
+            out = op.subtract(out, op.matmul(imag, constant(sin_m.astype(dtype))))
         parts = [bb.normalize(out)]
     else:
         bins = n // 2 + 1 if onesided else n
         angle = 2 * np.pi * np.outer(np.arange(n), np.arange(bins)) / n
         scale = 1.0 / n if inverse else 1.0
-        cos_m = relax.const((np.cos(angle) * scale).astype(dtype))
-        sin_m = relax.const((np.sin(angle) * scale).astype(dtype))
+        cos_m = constant((np.cos(angle) * scale).astype(dtype))
+        sin_m = constant((np.sin(angle) * scale).astype(dtype))
         sign = 1.0 if inverse else -1.0  # e^{-i angle} forward, e^{+i angle} inverse
         out_real = op.matmul(real, cos_m)
         out_imag = op.multiply(relax.const(sign, dtype), op.matmul(real, sin_m))
@@ -57,3 +57,38 @@ def dft(bb: Any, x: Any, axis: int, attr: dict[str, Any]) -> Any:
         parts = [bb.normalize(out_real), bb.normalize(out_imag)]
     parts = [bb.normalize(op.permute_dims(p, [int(i) for i in back])) for p in parts]
     return op.stack(parts, axis=rank - 1)
+
+
+def with_length(bb: Any, x: Any, axis: int, length: int) -> Any:
+    """``x`` cut to its first ``length`` entries along ``axis``, or zero-padded to ``length`` (ONNX's
+    ``dft_length``)."""
+    shape = static_shape(bb, x)
+    axis %= len(shape)
+    if length < shape[axis]:
+        return bb.normalize(relax.op.strided_slice(x, axes=[axis], begin=[0], end=[length]))
+    if length > shape[axis]:
+        pad = [*shape[:axis], length - shape[axis], *shape[axis + 1 :]]
+        zeros = constant(np.zeros(pad, dtype=dtype_of(bb, x)))
+        return bb.normalize(relax.op.concat([x, zeros], axis=axis))
+    return x
+
+
+def stft(bb: Any, signal: Any, step: int, window: Any, frame_length: int | None, onesided: bool) -> Any:
+    """The short-time Fourier transform of ``signal`` [batch, length, 1 or 2]: frames of ``frame_length``
+    samples (the window's length when None) every ``step`` samples, each multiplied by ``window`` when
+    given, then transformed: [batch, frames, bins, 2]."""
+    signal = bb.normalize(signal)
+    batch, length, _ = static_shape(bb, signal)
+    if frame_length is None:
+        if window is None:
+            raise ValueError("STFT with neither a window nor a frame_length")
+        frame_length = static_shape(bb, window)[0]
+    if step < 1 or frame_length < 1 or frame_length > length:
+        raise ValueError(f"STFT with frame_step {step} and frame_length {frame_length} over {length} samples")
+    frames = 1 + (length - frame_length) // step
+    index = np.arange(frames)[:, None] * step + np.arange(frame_length)[None, :]
+    framed = bb.normalize(relax.op.take(signal, constant(index.astype("int64")), axis=1))
+    if window is not None:
+        shaped = relax.op.reshape(relax.op.astype(window, dtype_of(bb, signal)), (1, 1, frame_length, 1))
+        framed = bb.normalize(relax.op.multiply(framed, shaped))
+    return dft(bb, framed, 2, {"onesided": int(onesided)})
