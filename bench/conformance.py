@@ -12,10 +12,10 @@ by three implementations, each in a worker process of its own (a crash or a hang
 * **tvm**: plain TVM, what a user gets without Kiln: ``relax.frontend.onnx.from_onnx`` with TVM's own
   conversion table on the model as given, then ``tvm.compile``;
 * **onnxruntime**: an ``InferenceSession`` on the CPU provider;
-* **kiln-bound**: Kiln as a user runs it with ``--input-value``: every graph input that feeds only the
-  parameter operands of its nodes (:data:`PARAMETER_OPERANDS`: a shape, axes, sizes, scales, pads, k, a
-  quantization scale …) bound to the case's value at import, the other inputs fed at run time. A case
-  with no such input has Kiln's outcome.
+* **kiln-bound**: Kiln as a user runs it with ``--input-value``: every graph input whose value reaches
+  only the parameter operands of nodes (:data:`PARAMETER_OPERANDS`: a shape, axes, sizes, scales, pads,
+  k, a quantization scale …), directly or through the arithmetic computing one, bound to the case's value
+  at import, the other inputs fed at run time. A case with no such input has Kiln's outcome.
 
 A case passes when every output has the expected shape and dtype and its values are within the case's
 ``rtol``/``atol`` (``np.testing.assert_allclose``, as ONNX's backend test runner checks them). Printed:
@@ -256,15 +256,36 @@ def _run_kiln(
 
 
 def parameter_inputs(model: Any) -> list[str]:
-    """The graph inputs that feed only parameter operands (:data:`PARAMETER_OPERANDS`) of the graph's
-    nodes, and feed at least one."""
-    feeds: dict[str, set[bool]] = {}
+    """The graph inputs whose values reach only parameter operands (:data:`PARAMETER_OPERANDS`) of the
+    graph's nodes, directly or through nodes whose every output does (an expanded function computing a
+    shape from one): what a user would bind."""
+    consumers: dict[str, list[tuple[Any, int]]] = {}
     for node in model.graph.node:
-        parameters = PARAMETER_OPERANDS.get(node.op_type, ())
         for position, name in enumerate(node.input):
-            feeds.setdefault(name, set()).add(position in parameters)
+            consumers.setdefault(name, []).append((node, position))
     outputs = {o.name for o in model.graph.output}
-    return [n for n in _input_names(model) if feeds.get(n) == {True} and n not in outputs]
+    only_parameters: dict[str, bool] = {}
+    for node in reversed(model.graph.node):  # consumers before producers: the nodes are sorted
+        for value in node.output:
+            only_parameters[value] = value not in outputs and _feeds_only_parameters(
+                value, consumers, only_parameters
+            )
+    return [
+        n
+        for n in _input_names(model)
+        if n not in outputs and consumers.get(n) and _feeds_only_parameters(n, consumers, only_parameters)
+    ]
+
+
+def _feeds_only_parameters(
+    value: str, consumers: dict[str, list[tuple[Any, int]]], only_parameters: dict[str, bool]
+) -> bool:
+    for node, position in consumers.get(value, []):
+        if position in PARAMETER_OPERANDS.get(node.op_type, ()):
+            continue
+        if not node.output or not all(only_parameters.get(o, False) for o in node.output):
+            return False
+    return True
 
 
 def _run_kiln_bound(model: Any, inputs: list[Any]) -> list[Any]:

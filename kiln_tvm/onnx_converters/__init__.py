@@ -19,6 +19,10 @@ constants.
 * ``RotaryEmbedding`` (opset 23): halves or interleaved pairs, partial rotation, position ids.
 * ``RMSNormalization`` where TVM's legalization fails (every axis normalized, a broadcast scale).
 * ``Swish``, ``SwiGLU``, ``Celu``, ``LpNormalization``, ``CumProd``, ``ReverseSequence``, ``BitCast``.
+* In place of TVM's where it gets a form wrong (:mod:`kiln_tvm.onnx_converters.corrections`):
+  ``LayerNormalization``'s statistics outputs, ``Pow`` of mixed types, ``OneHot``'s value types,
+  ``EyeLike``'s ``dtype``, boolean ``ReduceMax``/``ReduceMin``; and the window functions and
+  ``MelWeightMatrix`` of a constant size.
 
 The training-only operators are not converted: :data:`TRAINING_OPERATORS` names them, so that a model
 using one is refused as a training graph rather than as an importer gap.
@@ -34,6 +38,7 @@ import numpy as np
 
 from kiln_tvm import relax, tvm
 from kiln_tvm.onnx_converters.attention import attention, rotary_embedding
+from kiln_tvm.onnx_converters.corrections import corrections
 from kiln_tvm.onnx_converters.recurrent import recurrent
 from kiln_tvm.onnx_converters.spectral import dft, stft, with_length
 from kiln_tvm.onnx_converters.tensors import constant, constant_int, dtype_of, static_shape
@@ -279,6 +284,7 @@ def _converters(tvm_map: dict[str, Any]) -> dict[str, type]:
             )
 
     return {
+        **corrections(base, tvm_map),
         "DFT": DFT,
         "STFT": STFT,
         "SwiGLU": SwiGLU,

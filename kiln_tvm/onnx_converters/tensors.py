@@ -36,7 +36,7 @@ def constant_int(expr: Any, what: str) -> int:
     value = constant_array(expr)
     if value is None or value.size != 1:
         raise ValueError(f"{what} computed at run time: Kiln needs it constant (bind it with --input-value)")
-    return int(value.reshape(-1)[0])
+    return int(value.reshape(-1)[0])  # a float depth (OneHot) counts as its integer part
 
 
 def dtype_of(bb: Any, expr: Any) -> str:
