@@ -12,6 +12,8 @@
 * ``ReduceMax`` / ``ReduceMin`` of booleans (TVM's legalization has no bounds for ``bool``): as ``uint8``.
 * ``HannWindow``, ``HammingWindow``, ``BlackmanWindow`` and ``MelWeightMatrix`` of a constant size: the
   constant ONNX's definition computes; ``CenterCropPad`` of a constant shape (a slice and a pad).
+* ``Resize`` with ``axes`` or a ``keep_aspect_ratio_policy`` (TVM reads neither): its parameters spread
+  over every axis and the policy resolved to sizes, then TVM's converter.
 """
 
 from __future__ import annotations
@@ -97,6 +99,44 @@ def center_crop_pad(bb: Any, x: Any, sizes: list[int], axes: list[int]) -> Any:
             pads[2 * axis] = (size - dim) // 2
             pads[2 * axis + 1] = size - dim - pads[2 * axis]
     return relax.op.nn.pad(x, pads) if any(pads) else x
+
+
+def resize_parameters(
+    shape: list[int],
+    roi: np.ndarray | None,
+    scales: np.ndarray | None,
+    sizes: np.ndarray | None,
+    axes: list[int] | None,
+    policy: str,
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """``Resize``'s roi, scales and sizes over every axis of an input of ``shape``, as ONNX's reference
+    reads them: ``axes`` spread out (the others kept), and sizes under a ``keep_aspect_ratio_policy``
+    resolved to the sizes of one scale over those axes (rounded half up)."""
+    rank = len(shape)
+    chosen = [a % rank for a in axes] if axes is not None else list(range(rank))
+    if roi is not None and roi.size == 0:
+        roi = None
+    if axes is not None:
+        if scales is not None and scales.size:
+            full = np.ones(rank, dtype=scales.dtype)
+            full[chosen] = scales
+            scales = full
+        if sizes is not None and sizes.size:
+            full_sizes = np.array(shape, dtype="int64")
+            full_sizes[chosen] = sizes
+            sizes = full_sizes
+        if roi is not None:
+            full_roi = np.array([0.0] * rank + [1.0] * rank, dtype=roi.dtype)
+            full_roi[chosen] = roi[: len(chosen)]
+            full_roi[[rank + a for a in chosen]] = roi[len(chosen) :]
+            roi = full_roi
+    if sizes is not None and sizes.size and policy != "stretch":
+        ratios = [sizes[a] / shape[a] for a in chosen]
+        scale = min(ratios) if policy == "not_larger" else max(ratios)
+        sizes = np.array(
+            [int(scale * shape[a] + 0.5) if a in chosen else shape[a] for a in range(rank)], dtype="int64"
+        )
+    return roi, scales, sizes
 
 
 def window(kind: str, size: int, periodic: bool, dtype: str) -> Any:
@@ -259,7 +299,39 @@ def corrections(base: type, tvm_map: dict[str, Any]) -> dict[str, type]:
             axes = [int(a) for a in attr.get("axes", range(rank))]
             return center_crop_pad(bb, inputs[0], [int(v) for v in sizes.reshape(-1)], axes)
 
+    tvm_resize = tvm_map["Resize"]
+
+    class Resize(base):  # type: ignore[misc, valid-type]
+        """TVM's ``Resize`` (which reads roi, scales and sizes over every axis) given them so
+        (:func:`resize_parameters`) where the node names ``axes`` or a ``keep_aspect_ratio_policy``."""
+
+        @classmethod
+        def _convert(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            policy = attr.get("keep_aspect_ratio_policy", b"stretch")
+            policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+            if "axes" not in attr and policy == "stretch":
+                return tvm_resize.get_converter(18)(bb, inputs, attr, params)
+            given = [inputs[i] if len(inputs) > i else None for i in range(4)]
+            values = [constant_array(v) if v is not None else None for v in given[1:]]
+            if any(v is None and g is not None for v, g in zip(values, given[1:], strict=True)):
+                raise ValueError("Resize with axes and its roi, scales or sizes computed at run time")
+            axes = [int(a) for a in attr["axes"]] if "axes" in attr else None
+            roi, scales, sizes = resize_parameters(static_shape(bb, inputs[0]), *values, axes, policy)
+            kept = {k: v for k, v in attr.items() if k not in ("axes", "keep_aspect_ratio_policy")}
+            normalized = [
+                inputs[0],
+                constant(roi) if roi is not None else None,
+                constant(scales) if scales is not None and scales.size else None,
+                constant(sizes) if sizes is not None and sizes.size else None,
+            ]
+            return tvm_resize.get_converter(18)(bb, normalized, kept, params)
+
+        @classmethod
+        def _impl_v10(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            return cls._convert(bb, inputs, attr, params)
+
     return {
+        "Resize": Resize,
         "CenterCropPad": CenterCropPad,
         "LayerNormalization": LayerNormalization,
         "Pow": Pow,

@@ -74,6 +74,11 @@ CASES = [
     "test_mvn_expanded_ver18",
     "test_castlike_FLOAT_to_DOUBLE",
     "test_and2d",
+    # TVM's converters replaced where they get a form wrong
+    "test_layer_normalization_4d_axis_negative_1",
+    "test_pow_types_float32_int64",
+    "test_pow_types_int32_float32",
+    "test_eyelike_with_dtype",
 ]
 
 
@@ -88,6 +93,19 @@ BOUND_CASES = {
     "test_reduce_sum_keepdims_random": ("axes",),
     "test_top_k_smallest": ("k",),
     "test_resize_downsample_sizes_linear_pytorch_half_pixel": ("sizes",),
+    "test_resize_upsample_sizes_nearest_axes_2_3": ("sizes",),
+    "test_resize_downsample_sizes_nearest_not_larger": ("sizes",),
+    "test_onehot_negative_indices": ("depth", "values"),
+    "test_reduce_max_bool_inputs": ("axes",),
+    "test_center_crop_pad_crop_and_pad": ("shape",),
+    "test_melweightmatrix": (
+        "num_mel_bins",
+        "dft_length",
+        "sample_rate",
+        "lower_edge_hertz",
+        "upper_edge_hertz",
+    ),
+    "test_hannwindow": ("x",),
 }
 
 
