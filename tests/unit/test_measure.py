@@ -96,3 +96,44 @@ def test_the_timing_childrens_own_cpu_is_not_other_processes_use(tmp_path: Path)
     cpus = os.cpu_count() or 1
     # Without the child's own time, what it used looks like another process's.
     assert counted - left_out > 0.3 / cpus, (counted, left_out)
+
+
+class _FakeClock:
+    """``time.perf_counter`` of a model whose every call takes ``call_s``."""
+
+    def __init__(self, call_s: float) -> None:
+        self.now = 100.0
+        self.call_s = call_s
+        self.calls = 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def call(self) -> None:
+        self.calls += 1
+        self.now += self.call_s
+
+
+@pytest.mark.parametrize(
+    ("call_s", "budget_s", "timed", "calls"),
+    [  # times that binary fractions hold exactly
+        # a fast call: ten warm-up calls, then calls until the budget is spent
+        (1 / 64, 1.0, 64, 75),
+        # over 50 ms, under the budget: no warm-up, MIN_CALLS (5) of it although they overrun the budget
+        (1 / 16, 1 / 8, 5, 6),
+        # over the budget: timed from its first run, then while the next ends within 5 budgets
+        (1 / 4, 1 / 8, 3, 3),
+        # a call longer than 5 budgets: its first run alone
+        (2.0, 1 / 8, 1, 1),
+    ],
+)
+def test_a_slow_call_is_timed_fewer_times_than_a_fast_one(
+    monkeypatch: pytest.MonkeyPatch, call_s: float, budget_s: float, timed: int, calls: int
+) -> None:
+    import tuner.measure as measure
+
+    clock = _FakeClock(call_s)
+    monkeypatch.setattr(measure.time, "perf_counter", clock.perf_counter)
+    median_ms, count = measure.median_call_ms(clock.call, budget_s)
+    assert (count, clock.calls) == (timed, calls)
+    assert median_ms == pytest.approx(call_s * 1e3)
