@@ -121,8 +121,8 @@ class _FakeClock:
         (1 / 64, 1.0, 64, 75),
         # over 50 ms, under the budget: no warm-up, MIN_CALLS (5) of it although they overrun the budget
         (1 / 16, 1 / 8, 5, 6),
-        # over the budget: timed from its first run, then while the next ends within 5 budgets
-        (1 / 4, 1 / 8, 3, 3),
+        # over the budget: timed from its first run, then while the next ends within 5 budgets of its start
+        (1 / 4, 1 / 8, 2, 2),
         # a call longer than 5 budgets: its first run alone
         (2.0, 1 / 8, 1, 1),
     ],
