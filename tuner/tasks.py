@@ -20,6 +20,7 @@ from tuner.pass_guard import SkippedPasses, guarded
 from tuner.precision import PrecisionReport, precision_compute, reduce_precision
 from tuner.quant.qdq import QuantReport, lower_qdq
 from tuner.quant.vnni import VnniReport, keep_packed_layouts, pack_for_vnni
+from tuner.tile_rewrite import tile_as_broadcast
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ def inference_passes(
     ]
     return tvm.transform.Sequential(
         [
+            # TVM's tile computes wrong values on several tiled axes: a broadcast computes them right.
+            guard(tile_as_broadcast(), "tile as a broadcast"),
             # Activations the importers emit as opaque kernels become operators ConvertLayout can move.
             guard(elementwise_as_operators(), "activations as operators"),
             guard(lower_qdq(quant_report), "quantized operators in integers", quant_report),

@@ -12,6 +12,8 @@
 * ``ReduceMax`` / ``ReduceMin`` of booleans (TVM's legalization has no bounds for ``bool``): as ``uint8``.
 * ``HannWindow``, ``HammingWindow``, ``BlackmanWindow`` and ``MelWeightMatrix`` of a constant size: the
   constant ONNX's definition computes; ``CenterCropPad`` of a constant shape (a slice and a pad).
+* ``Tile`` of constant repeats as ``relax.op.tile`` (which Kiln's graph passes rewrite; TVM's ``topi.tile``
+  computes wrong values on several tiled axes).
 * ``Resize`` with ``axes`` or a ``keep_aspect_ratio_policy`` (TVM reads neither): its parameters spread
   over every axis and the policy resolved to sizes, then TVM's converter.
 """
@@ -330,7 +332,22 @@ def corrections(base: type, tvm_map: dict[str, Any]) -> dict[str, type]:
         def _impl_v10(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
             return cls._convert(bb, inputs, attr, params)
 
+    tvm_tile = tvm_map["Tile"]
+
+    class Tile(base):  # type: ignore[misc, valid-type]
+        """``relax.op.tile`` for constant repeats (TVM emits ``topi.tile`` itself, which Kiln's graph pass
+        :func:`tuner.tile_rewrite.tile_as_broadcast` cannot reach); TVM's converter for repeats given at
+        run time."""
+
+        @classmethod
+        def _impl_v13(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
+            repeats = constant_array(inputs[1])
+            if repeats is None:
+                return tvm_tile.get_converter(13)(bb, inputs, attr, params)
+            return relax.op.tile(inputs[0], [int(r) for r in repeats.reshape(-1)])
+
     return {
+        "Tile": Tile,
         "Resize": Resize,
         "CenterCropPad": CenterCropPad,
         "LayerNormalization": LayerNormalization,
