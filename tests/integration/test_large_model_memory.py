@@ -103,7 +103,7 @@ def test_a_model_that_does_not_fit_is_told_what_it_needs() -> None:
     message = limits.too_much_memory(400 << 20).message
     assert message == (
         "model too large to import within 512 MiB of memory (KILN_IMPORT_MEMORY_MB): its 400 MiB of weights "
-        f"need about {PLANNING_MEMORY_RATIO:g} times that to import and plan; set KILN_IMPORT_MEMORY_MB to 1536 "
+        f"need about {PLANNING_MEMORY_RATIO:g} times that to import and plan; set KILN_IMPORT_MEMORY_MB to 1280 "
         "or more"
     )
     # A small file that unfolds into gigabytes is not explained by its size: no figure is made up.
