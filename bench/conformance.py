@@ -13,7 +13,7 @@ by three implementations, each in a worker process of its own (a crash or a hang
   conversion table on the model as given, then ``tvm.compile``;
 * **onnxruntime**: an ``InferenceSession`` on the CPU provider;
 * **kiln-bound**: Kiln as a user runs it with ``--input-value``: every graph input whose value reaches
-  only the parameter operands of nodes (:data:`PARAMETER_OPERANDS`: a shape, axes, sizes, scales, pads,
+  only the parameter operands of nodes (:data:`PARAMETER_INPUTS`: a shape, axes, sizes, scales, pads,
   k, a quantization scale …), directly or through the arithmetic computing one, bound to the case's value
   at import, the other inputs fed at run time. A case with no such input has Kiln's outcome.
 
@@ -41,48 +41,9 @@ from typing import Any
 
 from _report import command_line, start_run, table, write_json
 
+from tuner.frontend.onnx_simplify import PARAMETER_INPUTS
+
 IMPLEMENTATIONS = ("kiln", "tvm", "onnxruntime", "kiln-bound")
-_REDUCTIONS = ("L1", "L2", "LogSum", "LogSumExp", "Max", "Mean", "Min", "Prod", "Sum", "SumSquare")
-#: Per operator, the positions of its inputs that parameterize it (its output's shape, the axes it works
-#: on, its quantization) rather than carry its data: what a user would bind with ``--input-value``.
-PARAMETER_OPERANDS: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,),
-    "Expand": (1,),
-    "Tile": (1,),
-    "Slice": (1, 2, 3, 4),
-    "Pad": (1, 2, 3),
-    "Resize": (1, 2, 3),
-    "Upsample": (1,),
-    **{f"Reduce{r}": (1,) for r in _REDUCTIONS},
-    "Squeeze": (1,),
-    "Unsqueeze": (1,),
-    "TopK": (1,),
-    "OneHot": (1, 2),
-    "CumSum": (1,),
-    "CumProd": (1,),
-    "Split": (1,),
-    "Range": (0, 1, 2),
-    "ConstantOfShape": (0,),
-    "Trilu": (1,),
-    "CenterCropPad": (1,),
-    "Col2Im": (1, 2),
-    "DFT": (1, 2),
-    "STFT": (1, 2, 3),
-    "HannWindow": (0,),
-    "HammingWindow": (0,),
-    "BlackmanWindow": (0,),
-    "MelWeightMatrix": (0, 1, 2, 3, 4),
-    "Clip": (1, 2),
-    "Dropout": (1, 2),
-    "AffineGrid": (1,),
-    "NonMaxSuppression": (2, 3, 4),
-    "QuantizeLinear": (1, 2),
-    "DequantizeLinear": (1, 2),
-    "QLinearConv": (1, 2, 4, 5, 6, 7),
-    "QLinearMatMul": (1, 2, 4, 5, 6, 7),
-    "MatMulInteger": (2, 3),
-    "ConvInteger": (2, 3),
-}
 PASS = "pass"
 
 
@@ -256,7 +217,7 @@ def _run_kiln(
 
 
 def parameter_inputs(model: Any) -> list[str]:
-    """The graph inputs whose values reach only parameter operands (:data:`PARAMETER_OPERANDS`) of the
+    """The graph inputs whose values reach only parameter operands (:data:`PARAMETER_INPUTS`) of the
     graph's nodes, directly or through nodes whose every output does (an expanded function computing a
     shape from one): what a user would bind."""
     consumers: dict[str, list[tuple[Any, int]]] = {}
@@ -281,7 +242,7 @@ def _feeds_only_parameters(
     value: str, consumers: dict[str, list[tuple[Any, int]]], only_parameters: dict[str, bool]
 ) -> bool:
     for node, position in consumers.get(value, []):
-        if position in PARAMETER_OPERANDS.get(node.op_type, ()):
+        if position in PARAMETER_INPUTS.get(node.op_type, ()):
             continue
         if not node.output or not all(only_parameters.get(o, False) for o in node.output):
             return False

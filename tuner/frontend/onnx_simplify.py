@@ -70,8 +70,11 @@ WEIGHT_BYTES = 1 << 16
 #: Operators whose value is a shape or a count: a graph that has one has something to fold.
 _SHAPE_OPS = frozenset({"Shape", "Size", "ConstantOfShape", "Range", "NonZero"})
 
-#: For operators TVM's importer needs some inputs of as constants: the indices of those inputs.
-_PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
+_REDUCTIONS = ("L1", "L2", "LogSum", "LogSumExp", "Max", "Mean", "Min", "Prod", "Sum", "SumSquare")
+#: Per operator, the positions of its inputs that parameterize it (its output's shape, the axes it works
+#: on, its quantization) rather than carry its data: TVM's importer and Kiln's converters need them
+#: constant, and a user binds them with ``--input-value`` when the graph takes them as inputs.
+PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,),
     "Expand": (1,),
     "Tile": (1,),
@@ -79,27 +82,35 @@ _PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "Pad": (1, 2, 3),
     "Resize": (1, 2, 3),
     "Upsample": (1,),
-    "Unsqueeze": (1,),
+    **{f"Reduce{r}": (1,) for r in _REDUCTIONS},
     "Squeeze": (1,),
+    "Unsqueeze": (1,),
     "Split": (1,),
     "TopK": (1,),
     "OneHot": (1, 2),
     "CumSum": (1,),
-    "ReduceSum": (1,),
-    "ReduceMean": (1,),
-    "ReduceMax": (1,),
-    "ReduceMin": (1,),
-    "ReduceProd": (1,),
-    "ReduceL1": (1,),
-    "ReduceL2": (1,),
-    "ReduceLogSum": (1,),
-    "ReduceLogSumExp": (1,),
-    "ReduceSumSquare": (1,),
+    "CumProd": (1,),
     "Clip": (1, 2),
     "ConstantOfShape": (0,),
     "Range": (0, 1, 2),
     "CenterCropPad": (1,),
     "Trilu": (1,),
+    "Col2Im": (1, 2),
+    "DFT": (1, 2),
+    "STFT": (1, 2, 3),
+    "HannWindow": (0,),
+    "HammingWindow": (0,),
+    "BlackmanWindow": (0,),
+    "MelWeightMatrix": (0, 1, 2, 3, 4),
+    "Dropout": (1, 2),
+    "AffineGrid": (1,),
+    "NonMaxSuppression": (2, 3, 4),
+    "QuantizeLinear": (1, 2),
+    "DequantizeLinear": (1, 2),
+    "QLinearConv": (1, 2, 4, 5, 6, 7),
+    "QLinearMatMul": (1, 2, 4, 5, 6, 7),
+    "MatMulInteger": (2, 3),
+    "ConvInteger": (2, 3),
 }
 
 
@@ -240,7 +251,7 @@ def has_foldable_values(model: onnx.ModelProto) -> bool:
     for node in graph.node:
         if node.op_type in _SHAPE_OPS:
             return True
-        for index in _PARAMETER_INPUTS.get(node.op_type, ()):
+        for index in PARAMETER_INPUTS.get(node.op_type, ()):
             if index < len(node.input) and node.input[index] and node.input[index] not in held:
                 return True
     return False
