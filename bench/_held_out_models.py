@@ -116,7 +116,11 @@ def export(name: str, dest_dir: Path, seed: int = 0) -> Path:
     one needs onnxscript, which Kiln does not install)."""
     module, example = build(name, seed)
     dest_dir.mkdir(parents=True, exist_ok=True)
-    path = dest_dir / f"{name}.onnx"
+    return export_onnx(module, example, dest_dir / f"{name}.onnx")
+
+
+def export_onnx(module: nn.Module, example: torch.Tensor, path: Path) -> Path:
+    """``module`` on input ``x`` (output ``y``) written to ``path`` by the TorchScript exporter, opset 17."""
     with torch.no_grad():
         torch.onnx.export(
             module,

@@ -141,6 +141,13 @@ def _transformers(build: Callable[[Any], nn.Module], field: str) -> Callable[[],
 
 
 SEQ = 128  # tokens of the text models
+
+
+def _text_model(build: Callable[[Any], nn.Module]) -> ZooModel:
+    """A transformers encoder or decoder of ``SEQ`` token ids, its last hidden state the output."""
+    return ZooModel("transformers", _transformers(build, "last_hidden_state"), (1, SEQ), integer=True)
+
+
 IMAGE = (1, 3, 224, 224)
 
 #: The architectures of issue 33's list, by name.
@@ -161,30 +168,10 @@ MODELS: dict[str, ZooModel] = {
     "mobilevit_s": ZooModel("timm", _timm("mobilevit_s"), (1, 3, 256, 256)),
     "efficientformer_l1": ZooModel("timm", _timm("efficientformer_l1"), IMAGE),
     "levit_128": ZooModel("timm", _timm("levit_128"), IMAGE),
-    "bert_base": ZooModel(
-        "transformers",
-        _transformers(lambda t: t.BertModel(t.BertConfig(), add_pooling_layer=False), "last_hidden_state"),
-        (1, SEQ),
-        integer=True,
-    ),
-    "distilbert": ZooModel(
-        "transformers",
-        _transformers(lambda t: t.DistilBertModel(t.DistilBertConfig()), "last_hidden_state"),
-        (1, SEQ),
-        integer=True,
-    ),
-    "gpt2": ZooModel(
-        "transformers",
-        _transformers(lambda t: t.GPT2Model(t.GPT2Config()), "last_hidden_state"),
-        (1, SEQ),
-        integer=True,
-    ),
-    "t5_small_encoder": ZooModel(
-        "transformers",
-        _transformers(lambda t: t.T5EncoderModel(t.T5Config()), "last_hidden_state"),
-        (1, SEQ),
-        integer=True,
-    ),
+    "bert_base": _text_model(lambda t: t.BertModel(t.BertConfig(), add_pooling_layer=False)),
+    "distilbert": _text_model(lambda t: t.DistilBertModel(t.DistilBertConfig())),
+    "gpt2": _text_model(lambda t: t.GPT2Model(t.GPT2Config())),
+    "t5_small_encoder": _text_model(lambda t: t.T5EncoderModel(t.T5Config())),
     "vit_hf_base": ZooModel(
         "transformers",
         _transformers(lambda t: t.ViTForImageClassification(t.ViTConfig()), "logits"),

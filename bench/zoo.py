@@ -41,6 +41,7 @@ FORMATS = ("onnx", "pt2")
 def export(name: str, fmt_name: str, dest: Path) -> tuple[Path, Any, Any, int]:
     """Export ``name`` as ``fmt_name`` into ``dest``: the file, the input, PyTorch's output, weight bytes."""
     import torch
+    from _held_out_models import export_onnx
     from _zoo_models import zoo_model
 
     # nn.MultiheadAttention's fused inference path (torchvision's ViT) has no ONNX export: the composite
@@ -54,16 +55,7 @@ def export(name: str, fmt_name: str, dest: Path) -> tuple[Path, Any, Any, int]:
     dest.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         if fmt_name == "onnx":
-            path = dest / f"{name}.onnx"
-            torch.onnx.export(
-                module,
-                (example,),
-                str(path),
-                dynamo=False,
-                opset_version=17,
-                input_names=["x"],
-                output_names=["y"],
-            )
+            path = export_onnx(module, example, dest / f"{name}.onnx")
         else:
             path = dest / f"{name}.pt2"
             torch.export.save(torch.export.export(module, (example,)), str(path))
