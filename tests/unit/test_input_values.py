@@ -74,6 +74,7 @@ def test_bound_values_are_parameters_not_weights() -> None:
         bound_array(TensorSpec("s", (1,), "string"), ["a"])
     assert bound_array(TensorSpec("s", ("n",), "float32"), [0.5, 2]).tolist() == [0.5, 2.0]
     assert bound_array(TensorSpec("k", (), "int64"), 3).shape == ()
+    assert str(bound_array(TensorSpec("start", (), "bfloat16"), 1.5).dtype) == "bfloat16"
 
 
 def test_input_values_are_parsed_from_the_command_line_and_a_form() -> None:

@@ -35,6 +35,7 @@ _BINDABLE = (
     "float16",
     "float32",
     "float64",
+    "bfloat16",
 )
 
 
@@ -88,8 +89,8 @@ def bound_array(spec: TensorSpec, value: Any) -> np.ndarray:
             f"{where} has {raw.size} elements; a bound input is a parameter of at most {MAX_BOUND_ELEMENTS} "
             "(a weight belongs in the model)"
         )
-    array = raw.astype(spec.dtype)
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
+    array = raw.astype(_numpy_dtype(spec.dtype))
+    if raw.dtype.kind == "f" and not np.isfinite(raw).all():
         raise InvalidSpec(f"{where} must be finite numbers")
     if raw.dtype.kind == "f" and array.dtype.kind in "iu" and not np.array_equal(array, raw):
         raise InvalidSpec(f"{where}: input '{spec.name}' is {spec.dtype}, but the values are not integers")
@@ -107,6 +108,15 @@ def bound_array(spec: TensorSpec, value: Any) -> np.ndarray:
                     f"(dimension {axis} must be {want})"
                 )
     return array
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    """numpy's type for an element type name (bfloat16 from ml_dtypes: numpy has none)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
 
 
 def bind_arrays(inputs: Iterable[TensorSpec], values: Mapping[str, Any]) -> dict[str, np.ndarray]:
