@@ -103,3 +103,24 @@ def test_fast_math_replaces_exp_and_erf_and_keeps_the_outputs(tmp_path: Path, fa
     x = np.random.default_rng(0).standard_normal((1, 64, 32)).astype(np.float32) * 3
     got = LoadedModel(build_untuned(plan.prepared, TARGET)).run([x])[0]
     np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("reduction", "rule_applies"), [(48, False), (128, True)])
+def test_a_rule_that_would_predicate_a_vectorized_loop_is_not_taken(
+    reduction: int, rule_applies: bool
+) -> None:
+    """dlight's GEMV splits the reduction by 64 under 128 vectorized output lanes: a reduction of 48 leaves
+    a predicate inside the vectorized loop, which TVM writes out lane by lane (EfficientNet-B0's
+    squeeze-excite convolution did not compile in minutes). Kiln leaves such a kernel to its other
+    schedules; a reduction the split divides keeps the rule."""
+    from kiln_tvm import dlight
+    from schedules.defaults import predicated_under_vectorized
+
+    x = tvm.te.placeholder((1, reduction), "float32", name="x")
+    w = tvm.te.placeholder((1152, reduction), "float32", name="w")
+    r = tvm.te.reduce_axis((0, reduction), name="r")
+    y = tvm.te.compute((1, 1152), lambda b, i: tvm.te.sum(x[b, r] * w[i, r], axis=r), name="y")
+    mod = tvm.IRModule({"main": tvm.te.create_prim_func([x, w, y])})
+    gemv = dlight.cpu.GEMV().apply(mod["main"], TARGET, False)
+    assert gemv is not None and predicated_under_vectorized(gemv.mod["main"]) is not rule_applies
+    assert (default_schedule(mod, TARGET) is not None) is rule_applies
