@@ -100,13 +100,18 @@ class ZooModel:
     vocabulary: int = 1000
 
     def build(self, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
-        """The model in eval mode with seeded random weights (batch-norm statistics too) and an input."""
+        """The model in eval mode with seeded random weights (batch-norm statistics too, and the weights a
+        constructor starts at zero) and an input."""
         torch.manual_seed(seed)
         module = self.make().eval()
         for m in module.modules():
             if isinstance(m, nn.BatchNorm2d) and m.running_mean is not None:
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
+        with torch.no_grad():  # torchvision's ViT starts its head at zero: its output would be zero
+            for weight in module.parameters():
+                if weight.dim() >= 2 and not weight.any():
+                    weight.normal_(0.0, 0.02)
         if self.integer:
             return module, torch.randint(0, self.vocabulary, self.shape)
         return module, torch.randn(*self.shape)
