@@ -250,16 +250,23 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=0, help="tuning trials per job (0: default schedules)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per model and format")
     parser.add_argument(
-        "--report", nargs="+", metavar="JSON", help="print the table of earlier runs' zoo.json files instead"
+        "--report",
+        nargs="+",
+        metavar="JSON",
+        help="print the table of earlier runs' zoo.json files instead (the last row of each model and format)",
     )
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "FORMAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1], args.trials)))
         return
-    if args.report:
-        rows = [row for path in args.report for row in json.loads(Path(path).read_text())["rows"]]
-        print(report(rows))
+    if args.report:  # a later file's row replaces an earlier one of the same model and format
+        latest = {
+            (row["model"], row["format"]): row
+            for path in args.report
+            for row in json.loads(Path(path).read_text())["rows"]
+        }
+        print(report(list(latest.values())))
         return
 
     from _zoo_models import MODELS, torchvision_models
