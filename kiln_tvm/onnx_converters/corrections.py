@@ -1,9 +1,9 @@
 """Converters in place of TVM's for forms its own get wrong or refuse, and ONNX's window functions.
 
 * ``LayerNormalization``: TVM returns scalar placeholders for the optional ``Mean`` and ``InvStdDev``
-  outputs; here they are the statistics, over the normalized axes and kept as size-1 dimensions (in
-  ``stash_type``'s precision). The normalized output is TVM's fused ``layer_norm`` as before; statistics
-  nobody reads are removed as dead code.
+  outputs; a node that has them gets the statistics, over the normalized axes and kept as size-1
+  dimensions (in ``stash_type``'s precision). The normalized output is TVM's fused ``layer_norm`` as
+  before, and a node with one output is converted by TVM alone.
 * ``Pow`` with a base and an exponent of different types (float base, integer exponent; an integer base):
   computed in the base's float type, or in float64 for an integer base, and cast back to the base's type.
 * ``OneHot`` (TVM's ``one_hot`` takes its values and depth as prim values of fixed types, and fails on
@@ -196,6 +196,8 @@ def corrections(base: type, tvm_map: dict[str, Any]) -> dict[str, type]:
         @classmethod
         def _impl_v17(cls, bb: Any, inputs: Any, attr: dict[str, Any], params: Any) -> Any:
             fused = tvm_layer_norm.get_converter(17)(bb, inputs, attr, params)
+            if int(attr.get("tvm_custom", {}).get("num_outputs", 3)) == 1:
+                return fused  # nobody reads the statistics: the importer leaves no work for them
             normalized = fused[0] if isinstance(fused, relax.Tuple) else fused
             stash = onnx_dtype(int(attr.get("stash_type", 1)))
             mean, inv_std = layer_norm_statistics(

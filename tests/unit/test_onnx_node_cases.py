@@ -199,3 +199,26 @@ def test_dft_length_pads_or_cuts_the_signal(length: int, dtype: type, tmp_path: 
     np.testing.assert_allclose(
         got, np.stack([spectrum.real, spectrum.imag], -1), rtol=tolerance, atol=tolerance
     )
+
+
+def test_a_layer_norm_without_statistics_outputs_imports_as_one_operator(tmp_path: Path) -> None:
+    """Only a node that has the ``Mean`` / ``InvStdDev`` outputs gets them computed: a transformer's layer
+    norms import as TVM's one fused operator, and the plan's operator count says so."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 64])],
+        [
+            numpy_helper.from_array(np.ones(64, np.float32), "g"),
+            numpy_helper.from_array(np.zeros(64, np.float32), "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "ln.onnx"
+    onnx.save(model, path)
+    plan = plan_graph(load_model(path).mod, TARGET)
+    assert plan.fusion.operator_histogram == {"relax.nn.layer_norm": 1}
