@@ -18,6 +18,7 @@ import numpy as np
 
 from tuner.entities import BoundInput, TensorSpec
 from tuner.errors import InvalidSpec
+from tuner.frontend.shapes import UNKNOWN_RANK
 
 #: The most elements a bound input may have: parameters, not weights (a weight belongs in the model).
 MAX_BOUND_ELEMENTS = 65536
@@ -95,7 +96,7 @@ def bound_array(spec: TensorSpec, value: Any) -> np.ndarray:
     if raw.dtype.kind == "f" and array.dtype.kind in "iu" and not np.array_equal(array, raw):
         raise InvalidSpec(f"{where}: input '{spec.name}' is {spec.dtype}, but the values are not integers")
     declared = spec.shape
-    if declared != ("...",):
+    if declared != UNKNOWN_RANK:
         if len(declared) != array.ndim:
             raise InvalidSpec(
                 f"{where} has shape {list(array.shape)}; input '{spec.name}' has rank {len(declared)} "
