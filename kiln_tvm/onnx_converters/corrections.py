@@ -80,8 +80,7 @@ def one_hot(bb: Any, indices: Any, depth: int, values: Any, axis: int) -> Any:
     dtype = dtype_of(bb, values)
     off = relax.op.strided_slice(values, axes=[0], begin=[0], end=[1])
     on = relax.op.strided_slice(values, axes=[0], begin=[1], end=[2])
-    scalar = [] if rank == 0 else [1] * rank
-    off, on = relax.op.reshape(off, scalar), relax.op.reshape(on, scalar)
+    off, on = relax.op.reshape(off, [1] * rank), relax.op.reshape(on, [1] * rank)
     chosen = relax.op.where(relax.op.equal(index, positions), on, off)
     return relax.op.astype(chosen, dtype)
 
