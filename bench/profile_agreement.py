@@ -22,13 +22,14 @@ from pathlib import Path
 import onnx
 from _report import start_run, table
 
-from tests.models import build_small_cnn
-from tuner.entities import JobSpec, JobStatus
-from tuner.job import run_job, submit_job
-from tuner.models import register_model
-from tuner.settings import Settings
-from tuner.store.sql import Store
-from tuner.targets import host_target
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.models import build_small_cnn  # noqa: E402
+from tuner.entities import JobSpec, JobStatus  # noqa: E402
+from tuner.job import run_job, submit_job  # noqa: E402
+from tuner.models import register_model  # noqa: E402
+from tuner.settings import Settings  # noqa: E402
+from tuner.store.sql import Store  # noqa: E402
+from tuner.targets import host_target  # noqa: E402
 
 
 def profiled_job(size: int, trials: int) -> dict[str, float]:
