@@ -25,7 +25,9 @@ from pathlib import Path
 import httpx
 import onnx
 
-from tests.models import build_mlp
+# The repository root, where tests/ lives, is not on the path when a bench script runs.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.models import build_mlp  # noqa: E402
 
 STREAMS = 200
 SUBMISSIONS = 50

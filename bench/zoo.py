@@ -96,8 +96,9 @@ def measure_plan(path: Path) -> dict[str, Any]:
     }
 
 
-def run_kiln_job(path: Path, data_dir: Path, trials: int) -> dict[str, Any]:
-    """A Kiln job on ``path`` with the default settings: its outcome, figures and artifact library."""
+def run_kiln_job(path: Path, data_dir: Path, trials: int, rounds: int) -> dict[str, Any]:
+    """A Kiln job on ``path`` with the default settings but ``rounds`` latency rounds: its outcome, figures
+    and artifact library."""
     from _kiln import _extract
 
     from tuner.entities import JobSpec, JobStatus
@@ -107,7 +108,13 @@ def run_kiln_job(path: Path, data_dir: Path, trials: int) -> dict[str, Any]:
     from tuner.store.sql import Store
     from tuner.targets import host_target
 
-    settings = Settings(data_dir=data_dir, database_url=None, share_records=False, profile_budget_s=0)
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=None,
+        share_records=False,
+        profile_budget_s=0,
+        latency_rounds=rounds,
+    )
     store = Store.from_settings(settings)
     store.ensure_schema()
     model, _ = register_model(store, settings, path)
@@ -146,7 +153,7 @@ def against_torch(library: str, example: Any, expected: Any, rtol: float, atol: 
     return {"torch_ok": comparison.ok, "torch_err": comparison.max_abs_error / scale}
 
 
-def one(name: str, fmt_name: str, trials: int) -> dict[str, Any]:
+def one(name: str, fmt_name: str, trials: int, rounds: int) -> dict[str, Any]:
     """Every stage for one model in one format, in this process; a failing stage ends the row with it."""
     row: dict[str, Any] = {"model": name, "format": fmt_name}
     with tempfile.TemporaryDirectory(prefix="kiln-zoo-") as tmp:
@@ -159,7 +166,7 @@ def one(name: str, fmt_name: str, trials: int) -> dict[str, Any]:
             row.update(measure_plan(path))
             row["plan_ratio"] = row["plan_growth"] / weights if weights else None
             stage = "job"
-            job = run_kiln_job(path, work / "kiln", trials)
+            job = run_kiln_job(path, work / "kiln", trials, rounds)
             row.update({k: v for k, v in job.items() if k != "library"})
             if "library" in job:
                 stage = "torch"
@@ -173,9 +180,10 @@ def one(name: str, fmt_name: str, trials: int) -> dict[str, Any]:
     return row
 
 
-def run_row(name: str, fmt_name: str, trials: int, timeout_s: float) -> dict[str, Any]:
+def run_row(name: str, fmt_name: str, trials: int, rounds: int, timeout_s: float) -> dict[str, Any]:
     """:func:`one` in a fresh process, bounded by ``timeout_s``."""
     command = [sys.executable, __file__, "--one", name, fmt_name, "--trials", str(trials)]
+    command += ["--latency-rounds", str(rounds)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -248,6 +256,15 @@ def main() -> None:
     )
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--trials", type=int, default=0, help="tuning trials per job (0: default schedules)")
+    parser.add_argument(
+        "--latency-rounds",
+        type=int,
+        default=3,
+        help="the job's side-by-side timing rounds (Kiln's default 3; 1 for a run that is about coverage)",
+    )
+    parser.add_argument(
+        "--skip", nargs="+", metavar="JSON", help="leave out the rows these zoo.json files hold"
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per model and format")
     parser.add_argument(
         "--report",
@@ -258,7 +275,7 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "FORMAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], args.one[1], args.trials)))
+        print(json.dumps(one(args.one[0], args.one[1], args.trials, args.latency_rounds)))
         return
     if args.report:  # a later file's row replaces an earlier one of the same model and format
         latest = {
@@ -276,20 +293,33 @@ def main() -> None:
         if args.all_torchvision
         else (args.models.split(",") if args.models else list(MODELS))
     )
+    skipped = {
+        (row["model"], row["format"])
+        for path in args.skip or []
+        for row in json.loads(Path(path).read_text())["rows"]
+    }
     run_stamp, work, _ = start_run("zoo")
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in names:
         for fmt_name in args.formats.split(","):
-            row = run_row(name, fmt_name, args.trials, args.timeout)
+            if (name, fmt_name) in skipped:
+                continue
+            row = run_row(name, fmt_name, args.trials, args.latency_rounds, args.timeout)
             rows.append(row)
             print(f"  {name} {fmt_name}: {_verdict(row)}", file=sys.stderr, flush=True)
             (work / "zoo.json").write_text(
-                json.dumps({"stamp": run_stamp, "trials": args.trials, "rows": rows}, indent=1)
+                json.dumps(
+                    {"stamp": run_stamp, "trials": args.trials, "rounds": args.latency_rounds, "rows": rows},
+                    indent=1,
+                )
             )
     print(report(rows))
     ok = sum(1 for r in rows if _verdict(r) == "ok")
-    print(f"\n{ok} of {len(rows)} verified against PyTorch ({args.trials} trials per job)")
+    print(
+        f"\n{ok} of {len(rows)} verified against PyTorch ({args.trials} trials per job, "
+        f"{args.latency_rounds} latency rounds)"
+    )
 
 
 if __name__ == "__main__":
