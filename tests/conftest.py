@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tests.ci_guard import REQUIRE_ENV, missing_requirements, required_by_environment
 from tuner.settings import Settings
 from tuner.store import Store
 
@@ -25,6 +26,15 @@ POSTGRES_URL_ENV = "KILN_TEST_DATABASE_URL"
 # what the tests check. tests/integration/test_latency_report.py asks for several rounds, and the CLI's
 # subprocesses inherit this.
 os.environ.setdefault("KILN_LATENCY_ROUNDS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to run without what ``KILN_TEST_REQUIRE`` lists: in CI a missing extra or CPU feature would
+    otherwise only turn tests into skips."""
+    missing = missing_requirements(required_by_environment())
+    if missing:
+        raise pytest.UsageError(f"{REQUIRE_ENV} asks for what this run lacks: {'; '.join(missing)}")
+
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),

@@ -118,7 +118,8 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
 
 def _quantized_mlp(workdir: Path, batch: int) -> tuple[Path, Path]:
     """:func:`build_mlp` and its QDQ twin from onnxruntime's ``quantize_static`` (per-channel weights)."""
-    quantization = pytest.importorskip("onnxruntime.quantization")
+    from onnxruntime import quantization
+
     fp32, int8 = workdir / "mlp.onnx", workdir / "mlp_int8.onnx"
     onnx.save(build_mlp(batch=batch), fp32)
     rng = np.random.default_rng(0)

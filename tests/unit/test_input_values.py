@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from tests.models import PARAMETER_VALUES, parameterized_onnx
@@ -17,8 +18,6 @@ from tuner.errors import InvalidSpec, KilnError
 from tuner.frontend import load_model, parse_input_values
 from tuner.frontend.input_values import MAX_BOUND_ELEMENTS, bound_array, parse_input_values_json
 from tuner.targets import host_target, to_tvm_target
-
-ort = pytest.importorskip("onnxruntime")
 
 
 def test_bound_inputs_become_constants_and_the_model_computes_what_onnxruntime_does(tmp_path: Path) -> None:

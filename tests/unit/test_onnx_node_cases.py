@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
@@ -23,8 +24,6 @@ from tuner.compile import LoadedModel, build_tuned
 from tuner.frontend import load_model
 from tuner.targets import host_target, to_tvm_target
 from tuner.tasks import plan_graph
-
-ort = pytest.importorskip("onnxruntime")
 
 TARGET = to_tvm_target(host_target())
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from tests.onnx_import import assert_outputs_match, untuned_outputs
 
-ort = pytest.importorskip("onnxruntime")
 SEQ, BATCH, FEATURES, HIDDEN = 5, 3, 4, 6
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 

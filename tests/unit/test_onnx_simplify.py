@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -16,8 +17,6 @@ from tuner.errors import InvalidModel, UnsupportedOperator
 from tuner.frontend import load_model
 from tuner.frontend.onnx_simplify import has_foldable_values, simplify
 from tuner.targets import host_target, to_tvm_target
-
-ort = pytest.importorskip("onnxruntime")
 
 TARGET = to_tvm_target(host_target())
 

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.onnx_import import assert_outputs_match, untuned_outputs
 from tuner.errors import UnsupportedOperator
 from tuner.frontend import load_model
-
-ort = pytest.importorskip("onnxruntime")
 
 
 def _model(nodes: list[onnx.NodeProto], inputs, outputs, inits=()) -> onnx.ModelProto:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -19,8 +20,6 @@ from tuner.lowering import LevelRecorder, recording_levels
 from tuner.pass_guard import SkippedPasses, guarded
 from tuner.targets import host_target, to_tvm_target
 from tuner.tasks import plan_graph
-
-ort = pytest.importorskip("onnxruntime")
 
 TARGET = to_tvm_target(host_target())
 SHAPE = (1, 4, 8, 8)

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime import quantization
 
 from tests.artifacts import onnxruntime_output
 from tests.models import _model, build_mlp, build_small_cnn
@@ -18,7 +19,6 @@ from tuner.targets import host_target, to_tvm_target
 from tuner.tasks import GraphPlan, plan_graph
 
 TARGET = to_tvm_target(host_target())
-quantization = pytest.importorskip("onnxruntime.quantization")
 
 
 class _Calibration(quantization.CalibrationDataReader):
