@@ -112,14 +112,26 @@ def test_last_level_cache_is_the_highest_data_level(tmp_path: Path) -> None:
     assert last_level_cache_bytes(tmp_path / "missing") is None
 
 
-def test_bandwidth_of_a_small_stream_is_a_positive_rate() -> None:
-    assert measure_bandwidth(TARGET, threads=2, repeats=1, array_bytes=1 << 20) > 0
+# Bounds no machine of this kind crosses, whatever its load: a figure outside them is in the wrong unit or
+# counts the wrong work. At most two FMA pipes of LANES fp32 lanes, 2 FLOPs each, at 6 GHz, per thread; at
+# least 1 GFLOP/s (a vector FMA loop on one core of a loaded VM does far more). Bandwidth: 0.5 to 2,000 GB/s.
+MAX_GFLOPS_PER_THREAD = 2 * LANES * 2 * 6.0
+MIN_GFLOPS_PER_THREAD = 1.0
+BANDWIDTH_GBS = (0.5, 2000.0)
+
+
+def test_bandwidth_of_a_small_stream_is_a_physical_rate() -> None:
+    rate = measure_bandwidth(TARGET, threads=2, repeats=1, array_bytes=1 << 20)
+    assert BANDWIDTH_GBS[0] < rate < BANDWIDTH_GBS[1], rate
 
 
 @pytest.mark.slow
-def test_measured_limits_are_positive_and_say_how() -> None:
+def test_measured_limits_are_physical_and_say_how() -> None:
     limits = measure_limits(TARGET, repeats=1)
-    assert limits.peak_gflops > 0 and limits.peak_gflops_one_thread > 0 and limits.bandwidth_gbs > 0
+    threads = limits.threads
+    assert MIN_GFLOPS_PER_THREAD < limits.peak_gflops_one_thread < MAX_GFLOPS_PER_THREAD, limits
+    assert MIN_GFLOPS_PER_THREAD < limits.peak_gflops < MAX_GFLOPS_PER_THREAD * threads, limits
+    assert BANDWIDTH_GBS[0] < limits.bandwidth_gbs < BANDWIDTH_GBS[1], limits
     assert limits.vector_lanes == LANES and limits.threads == TARGET["num-cores"]
     assert f"{FMA_CHAINS} independent chains" in limits.how
     assert set(limits.as_dict()) >= {"peak_gflops", "bandwidth_gbs", "how"}
