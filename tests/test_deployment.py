@@ -250,7 +250,13 @@ def test_every_kiln_variable_is_a_setting(services: dict[str, dict[str, Any]]) -
 def test_service_environment_is_valid_settings(
     name: str, services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings_of(services[name], monkeypatch)  # raises pydantic's ValidationError on a bad value
+    service = services[name]
+    settings = settings_of(service, monkeypatch)  # raises pydantic's ValidationError on a bad value
+    # Every KILN_* variable the service sets reaches its field, and the database is the compose file's.
+    set_here = {field_of(key) for key in environment(service) if key.upper().startswith(ENV_PREFIX)}
+    assert set_here and set_here <= settings.model_fields_set, set_here - settings.model_fields_set
+    assert settings.database_url == environment(service)["KILN_DATABASE_URL"]
+    assert settings.database_url.startswith("postgresql")
 
 
 def test_api_tokens_must_come_from_the_operator(services: dict[str, dict[str, Any]]) -> None:

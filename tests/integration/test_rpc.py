@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
 from schedules.poly.caches import read_sysfs_caches
+from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.models import build_mlp
 from tuner.entities import JobSpec, JobStatus, RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
@@ -82,8 +84,10 @@ def test_tracker_summary_lists_the_server(tracker: RPCProcess, server: RPCProces
 def test_check_runner_accepts_a_registered_key_and_the_local_runner(
     tracker: RPCProcess, server: RPCProcess
 ) -> None:
-    check_runner(RunnerSpec("rpc", tracker.address, KEY), timeout_s=5.0)
-    check_runner(RunnerSpec(), timeout_s=5.0)
+    _queue(tracker.address, KEY, free=1)  # an earlier test's session may still be closing
+    queue = check_runner(RunnerSpec("rpc", tracker.address, KEY), timeout_s=5.0)
+    assert queue is not None and (queue.key, queue.total) == (KEY, 1)
+    assert check_runner(RunnerSpec(), timeout_s=5.0) is None  # the local runner asks no tracker
 
 
 def test_check_runner_raises_for_an_unreachable_tracker() -> None:
@@ -209,6 +213,10 @@ def test_mlp_tunes_through_the_rpc_runner(
     assert all(r.mean_latency_us is not None and 0 < r.mean_latency_us < 1e6 for r in records)
     assert all(r.run_secs and all(0 < s < 1 for s in r.run_secs) for r in records)
     assert all(c.ok for c in result.comparisons)
+    # The artifact built from the records measured remotely computes what onnxruntime computes.
+    x = np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-5)
     # The server is free again for the next job.
     assert _queue(tracker.address, KEY, free=1) == DeviceQueue(key=KEY, free=1, pending=0, total=1)
 

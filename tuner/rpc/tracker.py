@@ -155,16 +155,20 @@ def validate_runner(runner: RunnerSpec) -> None:
         parse_tracker(runner.tracker)
 
 
-def check_runner(runner: RunnerSpec, timeout_s: float) -> None:
-    """Fail fast when a job's runner cannot measure: tracker unreachable, or no server with its key."""
+def check_runner(runner: RunnerSpec, timeout_s: float) -> DeviceQueue | None:
+    """Fail fast when a job's runner cannot measure: tracker unreachable, or no server with its key.
+
+    Returns the tracker's queue for the runner's key (``None`` for the local runner)."""
     if runner.is_local:
-        return
+        return None
     validate_runner(runner)
     tracker, key = runner.tracker, runner.key
     queues = tracker_summary(tracker, timeout_s)
-    if not any(q.key == key and q.total > 0 for q in queues):
+    queue = next((q for q in queues if q.key == key and q.total > 0), None)
+    if queue is None:
         known = ", ".join(f"'{q.key}'" for q in queues if q.total) or "none"
         raise DeviceUnavailable(
             f"no RPC server with key '{key}' is registered at tracker {tracker} (registered keys: {known}); "
             f"start one with `kiln rpc server --tracker {tracker} --key {key}`"
         )
+    return queue
