@@ -14,9 +14,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import onnx
+import psutil
 import pytest
 
+from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.models import build_mlp
 from tuner.entities import Job, JobSpec, JobStatus
 from tuner.failures import crash_report_path
@@ -107,20 +110,22 @@ def in_thread() -> Iterator[Callable[[Worker], threading.Thread]]:
 
 
 def test_job_of_a_sigkilled_worker_is_finished_by_another_keeping_its_records(
-    store: Store, fault_settings: Settings, queue: Callable[..., Job], processes: list
+    store: Store, fault_settings: Settings, queue: Callable[..., Job], processes: list, tmp_path: Path
 ) -> None:
     job = queue(trials=40, seed=5)
     first = _worker_process(fault_settings, "doomed")
     processes.append(first)
     _wait_for(lambda: store.count_records(job_id=job.id) >= 8, "the first worker to measure a round")
+    descendants = psutil.Process(first.pid).children(recursive=True)
+    assert descendants, "the worker tunes in processes of its own"
     first.send_signal(signal.SIGKILL)
     first.wait()
 
-    # Its tuning process dies with it (PR_SET_PDEATHSIG): no record arrives after a short grace.
-    time.sleep(2)
+    # Its tuning processes die with it (PR_SET_PDEATHSIG), every one of them by pid; then no record
+    # arrives any more.
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert not alive, [(p.pid, p.name()) for p in alive]
     before = {r.id for r in store.list_records(job_id=job.id)}
-    time.sleep(2)
-    assert {r.id for r in store.list_records(job_id=job.id)} == before
     assert store.get_job(job.id).status is JobStatus.RUNNING  # nobody knows yet
 
     rescuer = Worker(fault_settings, "rescuer", store)
@@ -133,7 +138,10 @@ def test_job_of_a_sigkilled_worker_is_finished_by_another_keeping_its_records(
     assert before < after  # every record measured before the kill is still the job's
     assert len(after) <= 40  # the resumed job spent only what was left of the budget
     assert store.job_progress(job.id)["trials_done"] == sum(t.trials for t in store.list_tasks(job.id))
-    assert Path(store.get_artifact(job.id).path).is_file()
+    # The artifact, built from records of both workers, computes what onnxruntime computes.
+    x = np.random.default_rng(5).standard_normal((1, 256)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(store.get_artifact(job.id).path), x, tmp_path)
+    np.testing.assert_allclose(got, onnxruntime_output(tmp_path / "mlp.onnx", x), rtol=1e-4, atol=1e-5)
 
 
 def test_segfaulting_tuning_process_fails_the_job_and_the_worker_keeps_serving(
