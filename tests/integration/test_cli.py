@@ -203,10 +203,10 @@ def test_tune_with_a_time_budget_stops_then_compiles_and_verifies(tmp_path: Path
     manifest = json.loads(tar_manifest(artifact))
     budget = manifest["budget"]
     assert budget["trials"] is None and budget["time_s"] == 20.0  # --time alone: no trial limit
-    assert budget["trials_measured"] > 0
-    # It stopped at the budget: no batch was started that its estimate said would not fit (the first
-    # batch of a task can run longer than that estimate, hence the margin).
-    assert 0 < budget["tuning_s"] <= 20.0 + 30.0
+    # With no trial limit only the budget ends the search: that it ended, having measured, is the check
+    # here (the rule that starts no batch past the budget is tests/unit/test_tune_budget.py's; a shared
+    # machine's wall clock bounds nothing).
+    assert budget["trials_measured"] > 0 and budget["tuning_s"] > 0
     assert all(check["ok"] for check in manifest["verification"]["checks"])
 
     status = kiln("status", manifest["job_id"], data_dir=tmp_path)

@@ -104,3 +104,22 @@ def test_a_task_s_expected_gain_is_its_weighted_headroom_over_its_roofline() -> 
     # Within 5 % of its roofline a task is done; 0.5 ms off a 2 ms best it is not.
     assert scheduler._at_roofline(0) and not scheduler._at_roofline(1) and not scheduler._at_roofline(2)
     assert scheduler.stopped_at_roofline == {0}
+
+
+def test_the_scheduler_starts_no_batch_that_its_median_batch_says_would_not_fit() -> None:
+    """What keeps a time-budgeted job within its budget, checked on the scheduler's own arithmetic (the
+    integration test cannot bound a shared machine's wall clock)."""
+    left = [5.0]
+    scheduler = KilnTaskScheduler(time_left_s=lambda: left[0])
+    assert not scheduler._must_stop()  # no batch timed yet: only an exhausted budget stops it
+    scheduler.batch_s = [3.0, 6.0, 4.0]  # median 4 s
+    assert not scheduler._must_stop()
+    left[0] = 4.0
+    assert scheduler._must_stop()
+    left[0] = 0.0
+    assert scheduler._must_stop()
+    unlimited = KilnTaskScheduler(time_left_s=lambda: None)
+    unlimited.batch_s = [3.0]
+    assert not unlimited._must_stop()
+    cancelled = KilnTaskScheduler(should_stop=lambda: True, time_left_s=lambda: 100.0)
+    assert cancelled._must_stop()
