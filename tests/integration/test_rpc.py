@@ -18,6 +18,7 @@ import pytest
 
 from schedules.poly.caches import read_sysfs_caches
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
+from tests.gather_kernel import built_gather
 from tests.models import build_mlp
 from tuner.entities import JobSpec, JobStatus, RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
@@ -178,7 +179,6 @@ def test_a_candidate_waiting_for_a_busy_server_times_out(tracker: RPCProcess, se
 
 def test_a_gather_is_measured_through_the_rpc_runner(tracker: RPCProcess, server: RPCProcess) -> None:
     from kiln_tvm import ms
-    from tests.integration.test_integer_arguments import built_gather
 
     path, args = built_gather()
     runner = make_rpc_runner(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.unit.test_store import add_job
+from tests.store_rows import add_job
 from tuner.entities import JobStatus
 from tuner.job_guard import cli_worker_name, sweep_dead_local_jobs
 from tuner.job_limits import JobLimits, JobWatch, tree_memory_bytes

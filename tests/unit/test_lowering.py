@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from tests.models import build_small_cnn
-from tests.unit.test_store import add_job
+from tests.store_rows import add_job
 from tuner.entities import IrLevel
 from tuner.errors import NotFound
 from tuner.frontend import load_model

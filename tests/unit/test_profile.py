@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from tests.models import build_small_cnn
-from tests.unit.test_store import add_job
+from tests.store_rows import add_job
 from tuner.artifact import export_library
 from tuner.compile import build_untuned, random_inputs
 from tuner.entities import KernelProfile, MachineLimits, ModelProfile

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from tests.unit.test_store import SIGNATURE, add_job, add_model, spec_for
+from tests.store_rows import SIGNATURE, add_job, add_model, spec_for
 from tuner.entities import JobStatus, ModelFormat
 from tuner.errors import Conflict
 from tuner.store import Store

@@ -15,14 +15,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.exc import DBAPIError
 
+from tests.store_rows import SIGNATURE, add_job, add_model, spec_for
 from tuner.entities import (
-    JobSpec,
     JobStatus,
     ModelFormat,
-    ModelInfo,
-    ModelSignature,
     StoredCostModel,
-    TensorSpec,
 )
 from tuner.errors import Conflict, NotFound, SchemaOutdated
 from tuner.settings import Settings
@@ -30,41 +27,8 @@ from tuner.store import Store, alembic_config
 from tuner.store.models import Base, ModelRow, utcnow
 from tuner.store.sql import normalize_url
 
-SIGNATURE = ModelSignature(
-    inputs=(TensorSpec("x", (1, "batch", 8), "float32"),),
-    outputs=(TensorSpec("y", (1, 4), "float32"),),
-)
 TARGET = "llvm -mcpu=znver4 -num-cores=2"
 OTHER_TARGET = "llvm -mcpu=skylake-avx512 -num-cores=4"
-
-
-def add_model(store: Store, sha: str = "a" * 64, name: str = "mlp", owner: str = "") -> ModelInfo:
-    model, _ = store.add_model(
-        owner=owner,
-        name=name,
-        format=ModelFormat.ONNX,
-        sha256=sha,
-        size_bytes=1234,
-        signature=SIGNATURE,
-        blob_path=f"models/{sha}.onnx",
-    )
-    return model
-
-
-def spec_for(model_id: str, **overrides: object) -> JobSpec:
-    fields: dict[str, object] = {
-        "model_id": model_id,
-        "target": {"kind": "llvm", "mcpu": "znver4", "num-cores": 2},
-        "trials": 64,
-        "input_shapes": {"x": (1, 3, 8)},
-    }
-    fields.update(overrides)
-    return JobSpec(**fields)  # type: ignore[arg-type]
-
-
-def add_job(store: Store, sha: str = "a" * 64) -> str:
-    model = store.find_model_by_sha256(sha) or add_model(store, sha)
-    return store.create_job(spec_for(model.id), TARGET).id
 
 
 def add_record(
