@@ -100,7 +100,8 @@ def _preload() -> None:
     import tvm.driver  # noqa: F401
     import tvm.exec.popen_worker  # noqa: F401
 
-    import kiln_tvm  # noqa: F401 - TVM, MetaSchedule, Kiln's intrinsics and build function
+    # TVM, MetaSchedule, Kiln's intrinsics and build function are loaded already: ``python -m
+    # kiln_tvm.popen_workers`` imports the package before this module runs.
     import kiln_tvm.host_cpu  # noqa: F401
 
 

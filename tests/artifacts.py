@@ -8,6 +8,9 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
 
 LOAD_AND_RUN = """
 import json, sys, os
@@ -26,8 +29,6 @@ np.save(os.path.join(root, "output.npy"), out.numpy())
 
 def onnxruntime_output(path: Path, x: np.ndarray) -> np.ndarray:
     """The reference output of a one-input ONNX model."""
-    import onnxruntime as ort
-
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, {session.get_inputs()[0].name: x})[0]
 
@@ -75,3 +76,29 @@ def read_records_in_fresh_process(
         timeout=300,
         cwd=root,
     )
+
+
+#: The operators whose operands a reduced-precision job rounds (tuner.precision's policy).
+_REDUCED_OPERATORS = ("MatMul", "Gemm", "Conv")
+
+
+def rounded_operands_output(path: Path, x: np.ndarray, dtype: int = onnx.TensorProto.BFLOAT16) -> np.ndarray:
+    """onnxruntime's run of the one-input model at ``path`` with every matmul's, Gemm's and convolution's
+    data and weight operands rounded to ``dtype`` (then computed in float32): what a job under the bf16 or
+    fp16 policy computes, up to the order of its sums and its outputs' own rounding."""
+    model = onnx.load(path)
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type in _REDUCED_OPERATORS:
+            for index, name in enumerate(node.input[:2]):
+                rounded = f"{name}__rounded_for_{node.name or id(node)}_{index}"
+                nodes.append(helper.make_node("Cast", [name], [rounded + "_low"], to=dtype))
+                nodes.append(
+                    helper.make_node("Cast", [rounded + "_low"], [rounded], to=onnx.TensorProto.FLOAT)
+                )
+                node.input[index] = rounded
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]

@@ -7,8 +7,8 @@ is measured in a child process of its own, forked from ``python -m tuner.measure
 a child does not pay the seconds of loading them). A child reads ``[KIND, PATH, INPUTS_NPZ, BUDGET_S]``
 as JSON on stdin (:func:`run_child`; the same children profile a model and measure the machine's
 limits). KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an
-ONNX file). Both are timed the same way: a ``perf_counter`` loop around the call, after warm-up, median of up
-to ``MAX_CALLS`` calls within ``BUDGET_S`` seconds (at least ``MIN_CALLS``). It prints one JSON line.
+ONNX file). Both are timed the same way, by :func:`tuner.call_timing.median_call_ms`. It prints one JSON
+line.
 
 :func:`interleaved_timings` times several implementations in rounds, each round running every one of
 them once in its own fresh process, in a rotated order: a transient load on the machine then shows as
@@ -32,44 +32,14 @@ from typing import Any
 import numpy as np
 
 from forkserver import shared_fork_server
+from tuner.call_timing import BUDGET_S, median_call_ms
 from tuner.entities import LatencyReport, Timing
 
-MAX_CALLS = 200
-MIN_CALLS = 5
-BUDGET_S = 3.0
-#: MIN_CALLS give way to calls that would end past this many budgets (an untuned large model's call takes
-#: seconds: five of them per round made a job wait minutes for its baseline).
-SLOW_CALLS_FACTOR = 5
 KINDS = ("tvm", "onnxruntime")
 #: Other processes using more than this share of all CPUs while timing: the figures get a warning.
 BUSY_CPU_SHARE = 0.25
 #: Rounds of one implementation that differ by more than this (max - min over median): a warning.
 DISAGREEING_SPREAD = 0.25
-
-
-def median_call_ms(call: Callable[[], Any], budget_s: float = BUDGET_S) -> tuple[float, int]:
-    """Median wall time of ``call`` in ms, and how many timed calls it took: calls until the budget is
-    spent, at most ``MAX_CALLS``; at least ``MIN_CALLS`` while the next one (as long as the last) ends
-    within ``SLOW_CALLS_FACTOR`` budgets; one at the least."""
-    start = time.perf_counter()
-    call()
-    first = time.perf_counter() - start
-    # A call of seconds (an untuned large model) is timed from its first run: what that run adds (loading,
-    # first touches of the weights) is small beside it, and a second warm-up run would double the wait.
-    times: list[float] = [first] if first > budget_s else []
-    for _ in range(0 if first > 0.05 else 10):
-        call()
-    began = start if times else time.perf_counter()  # the budget counts the first run when it is timed
-    deadline, slow_deadline = began + budget_s, began + SLOW_CALLS_FACTOR * budget_s
-    while (
-        not times
-        or (len(times) < MIN_CALLS and time.perf_counter() + times[-1] <= slow_deadline)
-        or (len(times) < MAX_CALLS and time.perf_counter() < deadline)
-    ):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3, len(times)
 
 
 def _tvm_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from tuner.call_timing import median_call_ms
+
 #: onnxruntime's runs profiled after the warm-up runs: at least MIN_RUNS, at most MAX_RUNS, within the
 #: budget.
 MIN_RUNS = 5
@@ -69,7 +71,6 @@ def tvm_kernel_calls(path: str, inputs: list[np.ndarray], budget_s: float) -> di
     third of ``budget_s`` together (the lowest window's)."""
     from kiln_tvm import tvm
     from tuner.compile import LoadedModel
-    from tuner.measure import median_call_ms
 
     lib = tvm.runtime.load_module(path)
     model = LoadedModel(lib)

@@ -10,7 +10,12 @@ import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from tests.artifacts import run_artifact_in_fresh_process
+from tests.jax_models import export_jax, jax_cnn, jax_outputs
+from tests.models import build_torch_mlp, save_torch_program
 
 REPO = Path(__file__).resolve().parents[2]
 MLP = REPO / "examples" / "mlp.onnx"
@@ -277,3 +282,33 @@ def test_commands_that_only_read_the_store_do_not_load_tvm(tmp_path: Path, comma
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120, cwd=REPO
     )
     assert "HEAVY []" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["pt2", "jax"])
+def test_tune_takes_a_torch_export_and_a_jax_export(fmt: str, tmp_path: Path) -> None:
+    """``kiln tune`` on the two program formats beside ONNX; each artifact computes what its framework does."""
+    if fmt == "pt2":
+        torch = pytest.importorskip("torch")
+        module = build_torch_mlp(seed=3)
+        x = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32)
+        path = save_torch_program(module, (torch.from_numpy(x),), tmp_path / "model.pt2")
+        with torch.no_grad():
+            expected = module(torch.from_numpy(x)).numpy()
+    else:
+        pytest.importorskip("jax")
+        program = jax_cnn(size=16, seed=3)
+        path = export_jax(program, tmp_path / "model.jax")
+        x = program[2](np.random.default_rng(3))
+        (expected,) = jax_outputs(program, x)
+    out = tmp_path / "out"
+    done = kiln("tune", str(path), "--trials", "4", "--out", str(out), data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "verified vs untuned TVM" in done.stdout, done.stdout  # no onnxruntime for these formats
+    (artifact,) = out.glob("model-*.tar.gz")
+    assert (
+        json.loads(tar_manifest(artifact))["model"]["format"]
+        == {"pt2": "torch-export", "jax": "jax-export"}[fmt]
+    )
+    got = run_artifact_in_fresh_process(artifact, x, tmp_path)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

@@ -8,14 +8,12 @@ from pathlib import Path
 import onnx
 import pytest
 
+from tests.host_jobs import run_host_job
 from tests.models import build_mlp, build_small_cnn
-from tuner.entities import JobSpec, JobStatus
-from tuner.job import run_job, submit_job
+from tuner.entities import JobStatus
 from tuner.metaschedule.cost_model import SHARED_SCOPE
-from tuner.models import register_model
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.targets import host_target
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +22,7 @@ WARMUP_SAMPLES = 100
 
 
 def _run(store: Store, settings: Settings, path: Path, trials: int):
-    model, _ = register_model(store, settings, path)
-    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=trials))
-    result = run_job(store, settings, job.id)
+    result = run_host_job(store, settings, path, trials=trials)
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     return result
 

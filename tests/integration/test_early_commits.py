@@ -9,15 +9,13 @@ import onnx
 import pytest
 
 import tuner.tune
+from tests.host_jobs import run_host_job
 from tests.models import build_mlp
-from tuner.entities import FusionSummary, JobSpec, JobStatus, Task
-from tuner.job import run_job, submit_job
+from tuner.entities import FusionSummary, JobStatus, Task
 from tuner.metaschedule.runner import ExclusiveRunner
-from tuner.models import register_model
 from tuner.recorder import TuningClock
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.targets import host_target
 
 pytestmark = pytest.mark.slow
 
@@ -74,13 +72,10 @@ def test_first_batch_is_committed_before_the_second_task_is_searched(
     monkeypatch.setattr(tuner.tune, "make_runner", counting_runner)
     path = tmp_path / "mlp.onnx"
     onnx.save(build_mlp(), str(path))
-    model, _ = register_model(store, settings, path)
+    watcher = _Watcher(store, runner)
     # The stock space: the search's own first round is under test (cpu-poly measures its seeds before it,
     # all tasks in one batch, by design).
-    spec = JobSpec(model_id=model.id, target=host_target(), trials=8, space="cpu")
-    job = submit_job(store, spec)
-    watcher = _Watcher(store, runner)
-    result = run_job(store, settings, job.id, listener=watcher)
+    result = run_host_job(store, settings, path, listener=watcher, trials=8, space="cpu")
 
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     assert watcher.tasks >= 2  # more tasks than one batch covers: a first round of several batches
@@ -93,4 +88,4 @@ def test_first_batch_is_committed_before_the_second_task_is_searched(
     committed_counts = [c for _, c, _ in first_round]
     assert committed_counts == sorted(set(committed_counts))  # each batch adds its records
     assert len({name for _, _, name in first_round}) == watcher.tasks  # round robin: each task once
-    assert store.count_records(job_id=job.id) == sum(t.trials for t in result.tasks)
+    assert store.count_records(job_id=result.job.id) == sum(t.trials for t in result.tasks)

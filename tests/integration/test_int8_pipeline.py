@@ -16,6 +16,7 @@ from schedules.amx import has_amx_int8
 from schedules.vnni import vnni_lanes
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, read_records_in_fresh_process, run_artifact_in_fresh_process
+from tests.host_jobs import run_host_job
 from tests.models import build_mlp
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.entities import JobSpec, JobStatus
@@ -36,9 +37,7 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     model_proto = build_qdq_net("conv", QuantSpec(activation="relu"))
     path = tmp_path / "cnn_int8.onnx"
     onnx.save(model_proto, path)
-    model, _ = register_model(sqlite_store, settings, path)
-    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=8))
-    result = run_job(sqlite_store, settings, job.id)
+    result = run_host_job(sqlite_store, settings, path, trials=8)
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     assert all(c.ok for c in result.comparisons), result.comparisons
     assert result.fusion.integer_ops == [
@@ -86,7 +85,7 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     assert out.step == pytest.approx(output_step(model_proto)) and out.max_steps is not None
     assert out.max_steps <= 1.001 and out.cosine > 0.999
     assert manifest["quantization"]["accuracy"] == accuracy.to_dict()
-    assert sqlite_store.get_job(job.id).accuracy == accuracy
+    assert sqlite_store.get_job(result.job.id).accuracy == accuracy
     shown = JobOut.of(
         result.job, {"trials_done": 0, "trials_total": 0, "tasks_done": 0, "tasks_total": 0}, "m"
     )
@@ -148,9 +147,7 @@ def test_an_int8_mlp_tunes_on_amx_tiles_and_plain_tvm_runs_its_artifact(
 ) -> None:
     settings = Settings(data_dir=tmp_path, database_url=None)
     _, int8 = _quantized_mlp(tmp_path, batch=32)
-    model, _ = register_model(sqlite_store, settings, int8)
-    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=8))
-    result = run_job(sqlite_store, settings, job.id)
+    result = run_host_job(sqlite_store, settings, int8, trials=8)
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     assert all(c.ok for c in result.comparisons), result.comparisons
     # 32 x 256 @ 256 x 512 is whole 16 x 32 x 64 blocks; 512 x 10 is not packed at all (10 columns).

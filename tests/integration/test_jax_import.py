@@ -9,13 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.host_jobs import run_host_job
 from tests.jax_models import JaxProgram, export_jax, jax_cnn, jax_mlp, jax_outputs, jax_transformer_block
 from tuner.compile import LoadedModel, build_untuned
-from tuner.entities import JobSpec, JobStatus, ModelFormat
+from tuner.entities import JobStatus, ModelFormat
 from tuner.errors import InvalidModel, InvalidSpec, UnsupportedOperator
 from tuner.frontend import load_model, read_signature
-from tuner.job import run_job, submit_job
-from tuner.models import register_model
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
@@ -58,10 +57,8 @@ def test_a_jax_program_tunes_end_to_end_and_its_artifact_matches_jax(
     path = export_jax(program, tmp_path / "block.jax")
     store = Store.from_settings(settings)
     store.ensure_schema()
-    model, _ = register_model(store, settings, path)  # imported in the sandbox, as an upload is
-    assert model.format is ModelFormat.JAX_EXPORT
-    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=8))
-    result = run_job(store, settings, job.id)
+    result = run_host_job(store, settings, path, trials=8)  # imported in the sandbox, as an upload is
+    assert store.get_model(result.job.spec.model_id).format is ModelFormat.JAX_EXPORT
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     assert result.comparisons and all(c.ok for c in result.comparisons)
     unpacked = tmp_path / "artifact"

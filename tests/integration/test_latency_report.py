@@ -9,13 +9,11 @@ from pathlib import Path
 import onnx
 import pytest
 
+from tests.host_jobs import run_host_job
 from tests.models import build_mlp
-from tuner.entities import JobSpec, JobStatus
-from tuner.job import run_job, submit_job
-from tuner.models import register_model
+from tuner.entities import JobStatus
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.targets import host_target
 from tuner.verify import TUNED, UNTUNED
 
 pytestmark = pytest.mark.slow
@@ -27,12 +25,9 @@ def test_a_jobs_latencies_are_medians_of_interleaved_rounds(
     settings = settings.model_copy(update={"latency_rounds": 3})  # the suite's default is one round
     path = tmp_path / "mlp.onnx"
     onnx.save(build_mlp(seed=11), str(path))
-    model, _ = register_model(store, settings, path)
-    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=0))
+    result = run_host_job(store, settings, path, trials=0)
 
-    result = run_job(store, settings, job.id)
-
-    finished = store.get_job(job.id)
+    finished = store.get_job(result.job.id)
     assert finished.status is JobStatus.SUCCEEDED, finished.error
     report = finished.latency_report
     assert report is not None and report == result.latency.report

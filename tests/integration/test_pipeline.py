@@ -13,14 +13,12 @@ import onnx
 import pytest
 
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
+from tests.host_jobs import run_host_job
 from tests.models import build_mlp, build_small_cnn
-from tuner.entities import JobSpec, JobStatus
+from tuner.entities import JobStatus
 from tuner.errors import VerificationFailed
-from tuner.job import run_job, submit_job
-from tuner.models import register_model
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.targets import host_target
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +29,7 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
 
 
 def _tune(store: Store, settings: Settings, path: Path, trials: int, per_task: int | None = None):
-    model, _ = register_model(store, settings, path)
-    spec = JobSpec(model_id=model.id, target=host_target(), trials=trials, max_trials_per_task=per_task)
-    job = submit_job(store, spec)
-    return run_job(store, settings, job.id)
+    return run_host_job(store, settings, path, trials=trials, max_trials_per_task=per_task)
 
 
 def test_mlp_tunes_verifies_and_reloads_in_fresh_process(

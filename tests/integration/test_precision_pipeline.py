@@ -18,12 +18,12 @@ import pytest
 from schedules.amx import has_amx_bf16
 from schedules.vnni import has_avx512_bf16
 from service.schemas import JobOut
-from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
+from tests.artifacts import onnxruntime_output, rounded_operands_output, run_artifact_in_fresh_process
+from tests.host_jobs import run_host_job
 from tests.models import build_mlp, build_small_cnn
-from tuner.entities import JobSpec, JobStatus
+from tuner.entities import JobStatus
 from tuner.inspection import best_schedule
-from tuner.job import JobResult, run_job, submit_job
-from tuner.models import register_model
+from tuner.job import JobResult
 from tuner.precision import RELATIVE_TOLERANCE
 from tuner.settings import Settings
 from tuner.store import Store
@@ -31,16 +31,22 @@ from tuner.targets import host_target, to_tvm_target
 
 pytestmark = pytest.mark.slow
 
+#: Each policy's low-precision type and its unit roundoff.
+ROUNDED_TO = {"bf16": onnx.TensorProto.BFLOAT16, "fp16": onnx.TensorProto.FLOAT16}
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+#: How far the artifact may be from the run on rounded operands, in unit roundoffs: the two differ only in
+#: the order of their fp32 sums.
+SUM_ORDER_FRACTION = 1 / 16
 
-def _tuned_bf16_job(
-    store: Store, tmp_path: Path, model: onnx.ModelProto, path: Path, trials: int
+
+def _tuned_reduced_job(
+    store: Store, tmp_path: Path, model: onnx.ModelProto, path: Path, trials: int, precision: str = "bf16"
 ) -> JobResult:
-    """``model`` saved at ``path``, stored, and tuned for ``trials`` under the bf16 policy: a succeeded job."""
+    """``model`` saved at ``path``, stored, and tuned for ``trials`` under the ``precision`` policy: a
+    succeeded job."""
     settings = Settings(data_dir=tmp_path, database_url=None)
     onnx.save(model, path)
-    info, _ = register_model(store, settings, path)
-    spec = JobSpec(model_id=info.id, target=host_target(), trials=trials, precision="bf16")
-    result = run_job(store, settings, submit_job(store, spec).id)
+    result = run_host_job(store, settings, path, trials=trials, precision=precision)
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     return result
 
@@ -50,14 +56,20 @@ def _manifest(result: JobResult) -> dict[str, Any]:
         return json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
 
 
-def _assert_artifact_within_bf16_tolerance(
-    result: JobResult, model: Path, x: np.ndarray, tmp_path: Path
+def _assert_artifact_within_reduced_tolerance(
+    result: JobResult, model: Path, x: np.ndarray, tmp_path: Path, precision: str = "bf16"
 ) -> None:
-    """The job's artifact, run by plain TVM in a fresh process, is within the bf16 policy's norm-wise
-    tolerance of onnxruntime's float32 run of the model."""
+    """The job's artifact, run by plain TVM in a fresh process, is within the policy's norm-wise tolerance
+    of onnxruntime's float32 run of the model, and within a small fraction of one unit roundoff of the same
+    run with the matmuls' and convolutions' operands rounded to the low precision: the policy's tolerance
+    (16 units: 6 % for bf16) leaves room for deep models, and would let a wrong kernel 5 % off pass on a
+    small one, while only the order of the fp32 sums separates the artifact from the rounded run."""
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)  # type: ignore[union-attr]
     want = onnxruntime_output(model, x)
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE["bf16"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= RELATIVE_TOLERANCE[precision]
+    rounded = rounded_operands_output(model, x, ROUNDED_TO[precision])
+    error = np.linalg.norm(got - rounded) / np.linalg.norm(rounded)
+    assert error <= SUM_ORDER_FRACTION * UNIT_ROUNDOFF[precision], error
 
 
 #: A task's best schedule in a fresh interpreter: data dir, job id, task id.
@@ -78,7 +90,7 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
     sqlite_store: Store, tmp_path: Path
 ) -> None:
     path = tmp_path / "mlp.onnx"
-    result = _tuned_bf16_job(sqlite_store, tmp_path, build_mlp(batch=4), path, trials=6)
+    result = _tuned_reduced_job(sqlite_store, tmp_path, build_mlp(batch=4), path, trials=6)
     assert result.job.spec.precision == "bf16"
     assert result.fusion.reduced_ops == ["matmul 4x256 @ 256x512 -> bf16", "matmul 4x512 @ 512x10 -> bf16"]
 
@@ -118,7 +130,7 @@ def test_a_bf16_job_tunes_bf16_matmuls_and_is_verified_against_the_float_model(
     assert manifest["verification"]["tolerance"] == {"norm_wise_relative": accuracy.tolerance}
 
     x = np.random.default_rng(7).standard_normal((4, 256)).astype(np.float32)
-    _assert_artifact_within_bf16_tolerance(result, path, x, tmp_path)
+    _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path)
 
 
 @pytest.mark.skipif(
@@ -129,7 +141,7 @@ def test_a_bf16_job_on_an_amx_cpu_computes_the_matmuls_that_fit_natively(
     sqlite_store: Store, tmp_path: Path
 ) -> None:
     path = tmp_path / "mlp32.onnx"
-    result = _tuned_bf16_job(sqlite_store, tmp_path, build_mlp(batch=32), path, trials=8)
+    result = _tuned_reduced_job(sqlite_store, tmp_path, build_mlp(batch=32), path, trials=8)
     # 32 x 256 @ 256 x 512 is whole 16 x 32 x 32 blocks; 512 x 10 is not (10 columns): "mixed".
     assert result.fusion.amx_bf16_matmuls == ["matmul 32x256 @ 256x512"]
     assert result.fusion.precision_compute == "mixed"
@@ -145,7 +157,7 @@ def test_a_bf16_job_on_an_amx_cpu_computes_the_matmuls_that_fit_natively(
     assert manifest["precision"]["amx_bf16_matmuls"] == result.fusion.amx_bf16_matmuls
     # Plain TVM in a fresh process (which never asked Linux for AMX state: the library asks on load).
     x = np.random.default_rng(8).standard_normal((32, 256)).astype(np.float32)
-    _assert_artifact_within_bf16_tolerance(result, path, x, tmp_path)
+    _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path)
 
 
 @pytest.mark.skipif(
@@ -156,7 +168,7 @@ def test_a_bf16_cnn_job_on_an_avx512_bf16_cpu_computes_its_convolutions_on_vdpbf
     sqlite_store: Store, tmp_path: Path
 ) -> None:
     path = tmp_path / "cnn.onnx"
-    result = _tuned_bf16_job(sqlite_store, tmp_path, build_small_cnn(image_size=16), path, trials=8)
+    result = _tuned_reduced_job(sqlite_store, tmp_path, build_small_cnn(image_size=16), path, trials=8)
     # The three convolutions (the RGB stem filled to 4 channels) on vdpbf16ps; the 10-class matmul not.
     assert len(result.fusion.avx512_bf16_convolutions) == 3
     assert result.fusion.precision_compute == "mixed"
@@ -179,4 +191,24 @@ def test_a_bf16_cnn_job_on_an_avx512_bf16_cpu_computes_its_convolutions_on_vdpbf
     assert manifest["precision"]["avx512_bf16_convolutions"] == result.fusion.avx512_bf16_convolutions
     assert manifest["precision"]["bf16_unpacked"] == [unpacked]
     x = np.random.default_rng(9).standard_normal((1, 3, 16, 16)).astype(np.float32)
-    _assert_artifact_within_bf16_tolerance(result, path, x, tmp_path)
+    _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path)
+
+
+def test_an_fp16_job_computes_its_matmuls_on_fp16_operands_and_is_verified(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    path = tmp_path / "mlp.onnx"
+    result = _tuned_reduced_job(sqlite_store, tmp_path, build_mlp(batch=4), path, trials=6, precision="fp16")
+    assert result.job.spec.precision == "fp16"
+    assert result.fusion.reduced_ops == ["matmul 4x256 @ 256x512 -> fp16", "matmul 4x512 @ 512x10 -> fp16"]
+    matmul = max(result.tasks, key=lambda t: t.flops)
+    assert '"float16"' in best_schedule(sqlite_store, result.job, matmul).tir
+    accuracy = result.job.accuracy
+    assert accuracy is not None and accuracy.tolerance == RELATIVE_TOLERANCE["fp16"]
+    (out,) = accuracy.outputs
+    assert out.relative_error is not None and 0 < out.relative_error <= accuracy.tolerance
+    manifest = _manifest(result)
+    assert manifest["precision"]["policy"] == "fp16"
+    assert manifest["precision"]["compute"] == "emulated"  # no CPU here computes fp16 products natively
+    x = np.random.default_rng(10).standard_normal((4, 256)).astype(np.float32)
+    _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path, precision="fp16")

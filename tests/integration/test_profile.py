@@ -8,10 +8,10 @@ from pathlib import Path
 import onnx
 import pytest
 
+from tests.host_jobs import run_host_job
 from tests.models import build_small_cnn
 from tuner.entities import JobSpec, JobStatus
 from tuner.job import run_job, submit_job
-from tuner.models import register_model
 from tuner.profile import RUNTIME_ROW, host_key
 from tuner.settings import Settings
 from tuner.store import Store
@@ -41,12 +41,11 @@ def test_a_tuned_cnn_is_profiled_kernel_by_kernel_under_the_roofline(
     onnx.save(build_small_cnn(image_size=128), str(path))
     # 24 trials: with 8, some runs left a convolution at twice its tuned time, and its time in place
     # then fell short of its time in the run by a quarter of the run (seen twice in six runs, Zen 4).
-    model, _ = register_model(sqlite_store, settings, path)
-    job = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=24))
-    result = run_job(sqlite_store, settings, job.id)
+    result = run_host_job(sqlite_store, settings, path, trials=24)
+    model_id = result.job.spec.model_id
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
 
-    profile = sqlite_store.get_job_profile(job.id)
+    profile = sqlite_store.get_job_profile(result.job.id)
     # The kernels, each timed in place, account for the model's run timed uninstrumented beside them.
     assert profile.run_us is not None and profile.run_us > 0
     kernels_us = profile.kernels_us
@@ -91,6 +90,6 @@ def test_a_tuned_cnn_is_profiled_kernel_by_kernel_under_the_roofline(
     assert profile.onnxruntime_latency_ms and profile.onnxruntime_latency_ms > 0
 
     # The machine's limits were measured once and kept: a second job reuses them.
-    again = submit_job(sqlite_store, JobSpec(model_id=model.id, target=host_target(), trials=0))
+    again = submit_job(sqlite_store, JobSpec(model_id=model_id, target=host_target(), trials=0))
     assert run_job(sqlite_store, settings, again.id).job.status is JobStatus.SUCCEEDED
     assert sqlite_store.get_job_profile(again.id).limits == limits

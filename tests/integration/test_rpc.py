@@ -19,6 +19,7 @@ import pytest
 from schedules.poly.caches import read_sysfs_caches
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.gather_kernel import built_gather
+from tests.host_jobs import run_host_job
 from tests.models import build_mlp
 from tuner.entities import JobSpec, JobStatus, RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
@@ -197,17 +198,13 @@ def test_mlp_tunes_through_the_rpc_runner(
 ) -> None:
     path = tmp_path / "mlp.onnx"
     onnx.save(build_mlp(seed=5), str(path))
-    model, _ = register_model(store, settings, path)
     runner = RunnerSpec("rpc", tracker.address, KEY)
-    spec = JobSpec(model_id=model.id, target=host_target(), trials=8, runner=runner)
-    job = submit_job(store, spec)
-
-    result = run_job(store, settings, job.id)
+    result = run_host_job(store, settings, path, trials=8, runner=runner)
 
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
-    records = store.list_records(job_id=job.id)
+    records = store.list_records(job_id=result.job.id)
     assert 0 < len(records) <= 8
-    assert store.count_records(job_id=job.id) == len(records) == sum(t.trials for t in result.tasks)
+    assert store.count_records(job_id=result.job.id) == len(records) == sum(t.trials for t in result.tasks)
     # Every candidate was uploaded to the server, linked and run there: none failed.
     assert all(r.error is None for r in records), [r.error for r in records]
     assert all(r.mean_latency_us is not None and 0 < r.mean_latency_us < 1e6 for r in records)

@@ -7,14 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.host_jobs import run_host_job
 from tests.models import build_torch_mlp, save_torch_program
 from tuner.compile import LoadedModel
-from tuner.entities import JobSpec, JobStatus, ModelFormat
-from tuner.job import run_job, submit_job
-from tuner.models import register_model
+from tuner.entities import JobStatus, ModelFormat
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.targets import host_target
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -27,10 +25,8 @@ def test_pt2_program_tunes_and_matches_torch_eager(settings: Settings, tmp_path:
     store = Store.from_settings(settings)
     store.ensure_schema()
 
-    model, _ = register_model(store, settings, path)
-    assert model.format is ModelFormat.TORCH_EXPORT
-    job = submit_job(store, JobSpec(model_id=model.id, target=host_target(), trials=4))
-    result = run_job(store, settings, job.id)
+    result = run_host_job(store, settings, path, trials=4)
+    assert store.get_model(result.job.spec.model_id).format is ModelFormat.TORCH_EXPORT
 
     assert result.job.status is JobStatus.SUCCEEDED, result.job.error
     assert [c.reference for c in result.comparisons] == ["untuned TVM"]

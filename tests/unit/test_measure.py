@@ -130,10 +130,10 @@ class _FakeClock:
 def test_a_slow_call_is_timed_fewer_times_than_a_fast_one(
     monkeypatch: pytest.MonkeyPatch, call_s: float, budget_s: float, timed: int, calls: int
 ) -> None:
-    import tuner.measure as measure
+    import tuner.call_timing as call_timing
 
     clock = _FakeClock(call_s)
-    monkeypatch.setattr(measure.time, "perf_counter", clock.perf_counter)
-    median_ms, count = measure.median_call_ms(clock.call, budget_s)
+    monkeypatch.setattr(call_timing.time, "perf_counter", clock.perf_counter)
+    median_ms, count = call_timing.median_call_ms(clock.call, budget_s)
     assert (count, clock.calls) == (timed, calls)
     assert median_ms == pytest.approx(call_s * 1e3)
