@@ -17,10 +17,10 @@ from typing import Any
 from tuner.compile import build_untuned, random_inputs
 from tuner.entities import FusionSummary, JobSpec, Task
 from tuner.frontend import load_model
-from tuner.job import run_job, submit_job
+from tuner.jobs.pipeline import run_job, submit_job
+from tuner.jobs.recorder import TuningClock
 from tuner.metaschedule.database import KilnDatabase
-from tuner.models import register_model
-from tuner.recorder import TuningClock
+from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import resolve_target, to_tvm_target

@@ -62,8 +62,8 @@ def _flop_per_cycle(info: dict[str, str]) -> tuple[int, str]:
 def machine() -> dict[str, Any]:
     """CPU, cores, ISA and the fp32 peak: measured with Kiln's FMA kernel (``kiln machine``), and the nominal
     figure cores x FLOP/cycle x the clock /proc/cpuinfo reports, for comparison."""
-    from tuner.roofline import measure_limits
     from tuner.targets import host_target
+    from tuner.timing.roofline import measure_limits
 
     info = _cpuinfo()
     cores = physical_cores()

@@ -1,7 +1,7 @@
 """PyTorch eager twins of the bundled example models, filled with the weights of their ONNX files.
 
 The modules are written the way a PyTorch user would write these architectures (``nn.Conv2d``,
-``nn.BatchNorm2d`` in eval mode, ``nn.Linear``); see ``tests/models.py`` for the ONNX builders. ONNX
+``nn.BatchNorm2d`` in eval mode, ``nn.Linear``); see ``tests/model_builders.py`` for the ONNX builders. ONNX
 ``Gemm`` keeps its weight as [in, out] while ``nn.Linear`` wants [out, in], hence the transposes.
 Loading is strict: every ONNX initializer must fill exactly one parameter or buffer.
 """

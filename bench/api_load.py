@@ -27,7 +27,7 @@ import onnx
 
 # The repository root, where tests/ lives, is not on the path when a bench script runs.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.models import build_mlp  # noqa: E402
+from tests.model_builders import build_mlp  # noqa: E402
 
 STREAMS = 200
 SUBMISSIONS = 50

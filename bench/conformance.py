@@ -7,7 +7,7 @@ each a model, its inputs and its expected outputs, with the tolerances the suite
 by three implementations, each in a worker process of its own (a crash or a hang costs that case only):
 
 * **kiln**: the model saved as a file and imported by Kiln (``tuner.frontend.load_model``, with its input
-  shapes given), planned by Kiln's graph passes for this CPU (``tuner.tasks.plan_graph``), built untuned
+  shapes given), planned by Kiln's graph passes for this CPU (``tuner.passes.plan.plan_graph``), built untuned
   (no records: each kernel as TVM lowers it) and run;
 * **tvm**: plain TVM, what a user gets without Kiln: ``relax.frontend.onnx.from_onnx`` with TVM's own
   conversion table on the model as given, then ``tvm.compile``;
@@ -195,8 +195,8 @@ def _run_kiln(
     from tuner.compile import LoadedModel, build_tuned
     from tuner.errors import KilnError
     from tuner.frontend import load_model
+    from tuner.passes.plan import plan_graph
     from tuner.targets import host_target, to_tvm_target
-    from tuner.tasks import plan_graph
 
     names = _input_names(model) if names is None else names
     arrays = _tensors_only(inputs)

@@ -40,10 +40,10 @@ from schedules.spaces import SpaceOptions
 from tuner.frontend import load_model
 from tuner.metaschedule.callback import TrialBatch
 from tuner.metaschedule.cost_model import RankingCostModel, load_cost_model, xgb_model
+from tuner.passes.plan import plan_graph
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, resolve_target, to_tvm_target
-from tuner.tasks import plan_graph
 from tuner.tune import Budget, MeasureConfig, tune_tasks
 
 SEED = 0

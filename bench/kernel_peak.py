@@ -132,8 +132,8 @@ def main() -> None:
     run = json.loads(args.run.read_text())
     peak = args.peak
     if peak is None:
-        from tuner.roofline import measure_limits
         from tuner.targets import host_target
+        from tuner.timing.roofline import measure_limits
 
         peak = measure_limits(host_target()).peak_gflops
     work = args.run.with_suffix("")

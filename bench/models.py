@@ -61,7 +61,7 @@ def bench_model(
     """Export, tune cold (under the ``precision`` policy) and time one model; returns the raw results."""
     onnx_path, weights = export(name, work / "models", seed)
     kiln = tune(onnx_path, work / name / "kiln", None, name, seed, time_s=time_s, precision=precision)
-    # A reduced precision is verified by the job, norm-wise (tuner.precision); not element-wise here.
+    # A reduced precision is verified by the job, norm-wise (tuner.passes.precision); not element-wise here.
     kiln_tolerance = 1e-3 if precision == "as-is" else math.inf
     npz = save_inputs(work / name / "inputs.npz", kiln.inputs)
     out = work / name

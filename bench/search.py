@@ -91,13 +91,14 @@ def child(config: str, onnx_path: Path, trials: int, out: Path, seed: int, fast_
     """Plan, tune with ``config`` and compile; write ``result.json`` and ``model.so`` into ``out``."""
     from kiln_tvm import ms
     from tuner.compile import build_tuned
+    from tuner.entities import PlanningOptions
     from tuner.frontend import load_model
+    from tuner.passes.plan import plan_graph
     from tuner.targets import resolve_target, to_tvm_target
-    from tuner.tasks import plan_graph
 
     out.mkdir(parents=True, exist_ok=True)
     target = to_tvm_target(resolve_target("host"))
-    plan = plan_graph(load_model(onnx_path).mod, target, fast_math=fast_math)
+    plan = plan_graph(load_model(onnx_path).mod, target, PlanningOptions(fast_math=fast_math))
     database = ms.database.JSONDatabase(
         path_workload=str(out / "workloads.json"), path_tuning_record=str(out / "records.json")
     )

@@ -47,18 +47,18 @@ from _timing import Reps, interleaved, reps_for, save_inputs, time_in_fresh_proc
 
 from cli.durations import format_duration, parse_duration
 from schedules.amx import amx_kinds
-from tuner.artifact import export_library
 from tuner.compile import build_tuned, random_inputs
 from tuner.entities import JobSpec, JobStatus
 from tuner.frontend import load_model
-from tuner.job import job_caches, run_job, submit_job
+from tuner.jobs.artifact import export_library
+from tuner.jobs.pipeline import job_caches, run_job, submit_job
 from tuner.metaschedule.database import KilnDatabase
-from tuner.models import register_model
+from tuner.model_registry import register_model
+from tuner.passes.plan import plan_graph
 from tuner.schedule_choice import choose_schedules
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import resolve_target, to_tvm_target
-from tuner.tasks import plan_graph
 
 SEED = 0
 PEERS = {
@@ -135,10 +135,7 @@ def _snapshots(
     plan = plan_graph(
         load_model(onnx_path).mod,
         target,
-        settings.weight_prepack,
-        settings.cpu_conv_layout,
-        settings.fast_math,
-        job.spec.precision,
+        settings.planning_options(job.spec.precision),
     )
     records = store.list_records(job_id=job.id)
     snapshots = []

@@ -65,9 +65,9 @@ def export(name: str, fmt_name: str, dest: Path) -> tuple[Path, Any, Any, int]:
 def measure_plan(path: Path) -> dict[str, Any]:
     """Import and plan ``path`` as a job does: seconds, and the peak growth of the data segment (bytes)."""
     from tuner.frontend import load_model, warm_up
-    from tuner.sandbox import data_segment_bytes
+    from tuner.isolation.sandbox import data_segment_bytes
+    from tuner.passes.plan import plan_graph
     from tuner.targets import host_target, to_tvm_target
-    from tuner.tasks import plan_graph
 
     warm_up()
     target = to_tvm_target(host_target())
@@ -102,8 +102,8 @@ def run_kiln_job(path: Path, data_dir: Path, trials: int, rounds: int) -> dict[s
     from _kiln import _extract
 
     from tuner.entities import JobSpec, JobStatus
-    from tuner.job import run_job, submit_job
-    from tuner.models import register_model
+    from tuner.jobs.pipeline import run_job, submit_job
+    from tuner.model_registry import register_model
     from tuner.settings import Settings
     from tuner.store.sql import Store
     from tuner.targets import host_target
@@ -143,7 +143,7 @@ def against_torch(library: str, example: Any, expected: Any, rtol: float, atol: 
     """The artifact at ``library`` run on PyTorch's input, compared with PyTorch's output."""
     from kiln_tvm import tvm
     from tuner.compile import LoadedModel
-    from tuner.verify import compare_outputs
+    from tuner.timing.verify import compare_outputs
 
     outputs = LoadedModel(tvm.runtime.load_module(library)).run([example])
     comparison = compare_outputs(outputs[:1], [expected], "PyTorch", rtol, atol)

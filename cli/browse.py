@@ -28,8 +28,8 @@ from cli.render import (
     print_tuning_time,
     task_table,
 )
-from tuner.curves import estimates_at, job_curve
 from tuner.errors import KilnError, NotFound
+from tuner.views.curves import estimates_at, job_curve
 
 
 @app.command()
@@ -91,7 +91,7 @@ def ir(
 ) -> None:
     """Show a job's lowering: the program as imported, then after each graph pass with what it changed; or
     one level's program as TVMScript; or one kernel's assembly with its instruction mix."""
-    from tuner.inspection import ir_level, ir_levels
+    from tuner.views.inspection import ir_level, ir_levels
 
     store = open_store()
     job = store.get_job(job_id)
@@ -132,7 +132,7 @@ def profile(
     bytes moved, its place under this machine's roofline, and onnxruntime's matched nodes beside it."""
     if sort not in _PROFILE_ORDER:
         raise typer.BadParameter(f"--sort must be one of {', '.join(_PROFILE_ORDER)}, not {sort!r}")
-    from tuner.profile_check import job_profile
+    from tuner.timing.profile_check import job_profile
 
     store = open_store()
     job = store.get_job(job_id)
@@ -170,15 +170,15 @@ def export(
     job = store.get_job(job_id)
     out.mkdir(parents=True, exist_ok=True)
     if what == "artifact":
-        from tuner.job import artifact_path
-        from tuner.models import artifact_file_name
+        from tuner.jobs.pipeline import artifact_path
+        from tuner.model_registry import artifact_file_name
 
         src = artifact_path(store, job.id)
         dest = out / artifact_file_name(store.get_model(job.spec.model_id).name, job.id)
         shutil.copyfile(src, dest)
         console.print(f"artifact: {dest}")
     elif what == "records":
-        from tuner.artifact import write_records, write_records_intrinsics
+        from tuner.jobs.artifact import write_records, write_records_intrinsics
 
         rows = store.job_records(job, current_settings().record_scope(job.owner))
         count = write_records(rows, out, per_workload=sys.maxsize)

@@ -91,7 +91,7 @@ def worker(
     once: Annotated[bool, typer.Option("--once", help="Run at most one job, then exit")] = False,
 ) -> None:
     """Run a standalone worker against the database (many of them, on many machines, with PostgreSQL)."""
-    from tuner.worker import Worker, stop_on_signals
+    from tuner.jobs.worker import Worker, stop_on_signals
 
     settings = current_settings()
     log_to_console()
@@ -116,8 +116,8 @@ def machine(
 ) -> None:
     """This machine's roofs: its fp32 FMA peak (one thread and all) and its memory bandwidth, measured once
     per host and target and kept in the database (the profiles' roofline)."""
-    from tuner.profile import host_key, host_limits, measure_host_limits
     from tuner.targets import is_host_cpu, resolve_target
+    from tuner.timing.profile import host_key, host_limits, measure_host_limits
 
     resolved = resolve_target(target)
     if not is_host_cpu(resolved):

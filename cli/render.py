@@ -29,7 +29,7 @@ from tuner.entities import (
 if TYPE_CHECKING:
     from rich.progress import Task as ProgressTask
 
-    from tuner.recorder import TuningClock
+    from tuner.jobs.recorder import TuningClock
 
 
 def _console(stderr: bool = False) -> Console:

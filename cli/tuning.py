@@ -130,9 +130,9 @@ def tune(
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
 ) -> None:
     """Tune a model and write a compiled, verified artifact."""
-    from tuner.fatal_signals import report_fatal_signals
-    from tuner.job import run_job
-    from tuner.models import artifact_file_name
+    from tuner.isolation.fatal_signals import report_fatal_signals
+    from tuner.jobs.pipeline import run_job
+    from tuner.model_registry import artifact_file_name
 
     settings = current_settings()
     spec = _job_spec(
@@ -187,8 +187,8 @@ def tasks(
 ) -> None:
     """Show the fused kernels (tuning tasks) of a model without tuning it."""
     from tuner.frontend import load_model, parse_input_shapes, parse_input_values
+    from tuner.passes.plan import plan_graph
     from tuner.targets import resolve_target, to_tvm_target
-    from tuner.tasks import plan_graph
 
     imported = load_model(
         model, parse_input_shapes(input_shape or []), input_values=parse_input_values(input_value or [])
@@ -197,9 +197,7 @@ def tasks(
     plan = plan_graph(
         imported.mod,
         to_tvm_target(resolve_target(target)),
-        settings.weight_prepack,
-        settings.cpu_conv_layout,
-        settings.fast_math,
+        settings.planning_options(),
     )
     table = Table(title=f"{model.name}: tuning tasks")
     for col in ("#", "task", "weight", "MFLOP", "workload hash"):
@@ -215,7 +213,7 @@ def tasks(
         print_code(chosen[0].tir)
     if poly:
         from schedules.poly.analysis import analyse_prim_func
-        from tuner.job import measuring_caches
+        from tuner.jobs.pipeline import measuring_caches
         from tuner.targets import is_host_cpu
 
         caches = measuring_caches(settings, is_host_cpu(resolve_target(target)))
@@ -300,8 +298,8 @@ def _queue(
     A bad spec fails before the model is imported, so nothing is stored for it.
     """
     from tuner.frontend import parse_input_values
-    from tuner.job import submit_job, validate_spec
-    from tuner.models import register_model
+    from tuner.jobs.pipeline import submit_job, validate_spec
+    from tuner.model_registry import register_model
 
     validate_spec(spec)
     _check_owner(store, owner)

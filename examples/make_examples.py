@@ -1,7 +1,7 @@
 """Write the example ONNX models next to this file: ``mlp.onnx`` and ``small_cnn.onnx``.
 
 Both are built with ``onnx.helper`` and seeded NumPy weights (opset 17, weights inline), so running this
-again writes the same bytes. The builders live in ``tests/models.py``, which the tests use too.
+again writes the same bytes. The builders live in ``tests/model_builders.py``, which the tests use too.
 
     python examples/make_examples.py
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import onnx
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # the repository root, so that ``tests.models`` imports
+sys.path.insert(0, str(HERE.parent))  # the repository root, so that ``tests.model_builders`` imports
 
-from tests.models import build_mlp, build_small_cnn  # noqa: E402
+from tests.model_builders import build_mlp, build_small_cnn  # noqa: E402
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ TVM's codegen expresses them without a new type: bf16 included, which TVM otherw
 arithmetic. One ``tdpbusd`` adds to a 16 x 16 int32 tile the products of a 16 x 64 u8 tile of the input
 and a 16 x 64-byte tile of the weight in the VNNI order (row ``r``: the 4 reduction elements
 ``4r..4r+3`` of each of 16 output columns), which is the ``[N/16, K/4, 16, 4]`` packing of
-:mod:`tuner.quant.vnni`: one packing serves both instructions. ``tdpbf16ps`` is the same with pairs of
-bf16 (``[N/16, K/2, 16, 2]``, :mod:`tuner.bf16_amx`) into fp32.
+:mod:`tuner.passes.int8_packing`: one packing serves both instructions. ``tdpbf16ps`` is the same with pairs of
+bf16 (``[N/16, K/2, 16, 2]``, :mod:`tuner.passes.bf16_packing`) into fp32.
 
 Each intrinsic here computes a block of ``16*rows`` x 32 outputs (``rows`` in {1, 2}: up to 4 accumulator
 tiles, 2 input and 2 weight tiles, the 8 registers) over ``depth`` tile rows of reduction (64 int8 or 32

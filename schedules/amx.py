@@ -2,9 +2,9 @@
 
 Two kinds of kernel are packed for AMX's weight tiles, each block marked by its pass:
 
-* int8: the kernels :mod:`tuner.quant.vnni` packs (``Wp[N/16, K/4, 16, 4]``, :data:`schedules.vnni.
+* int8: the kernels :mod:`tuner.passes.int8_packing` packs (``Wp[N/16, K/4, 16, 4]``, :data:`schedules.vnni.
   VNNI_BLOCK`), in the order both ``vpdpbusd`` and ``tdpbusd`` read;
-* bf16: the matmuls of the ``bf16`` precision policy that :mod:`tuner.bf16_amx` packs
+* bf16: the matmuls of the ``bf16`` precision policy that :mod:`tuner.passes.bf16_packing` packs
   (``Wp[N/16, K/2, 16, 2]``, :data:`schedules.vnni.BF16_BLOCK`) for ``tdpbf16ps``.
 
 On a CPU with the kind's AMX multiply, the rule here tiles each such matmul whose rows are a multiple of

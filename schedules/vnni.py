@@ -1,6 +1,6 @@
 """Tensorizing integer kernels with x86's VNNI dot product, and only the kernels laid out for it.
 
-Kiln's graph pass :mod:`tuner.quant.vnni` gives each integer matmul and convolution it can serve a kernel
+Kiln's graph pass :mod:`tuner.passes.int8_packing` gives each integer matmul and convolution it can serve a kernel
 over weights packed ``[N/16, K/4, 16, 4]`` (16 output channels by 4 reduction elements: the 64 bytes one
 ``vpdpbusd zmm`` reads; 8 by 4 for the ``ymm`` form on AVX-VNNI CPUs without AVX-512) and marks that kernel's block with :data:`VNNI_BLOCK`. MetaSchedule's
 ``MultiLevelTilingWithIntrin`` would also tensorize an unpacked integer block, which builds and computes

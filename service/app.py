@@ -20,11 +20,11 @@ from service.deps import ServiceState
 from service.errors import install_error_handlers
 from service.events import EVENT_POLL_S, JobEvents
 from service.limits import BodySizeLimit
-from tuner.models import clean_upload_spools
-from tuner.sandbox import ModelSandbox
+from tuner.isolation.sandbox import ModelSandbox
+from tuner.jobs.worker import WorkerPool
+from tuner.model_registry import clean_upload_spools
 from tuner.settings import Settings
 from tuner.store.sql import Store
-from tuner.worker import WorkerPool
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth import OWNER_STATE, Authenticator
 from service.events import JobEvents
-from tuner.sandbox import ModelSandbox
+from tuner.isolation.sandbox import ModelSandbox
 from tuner.settings import Settings
 from tuner.store.sql import Store
 

@@ -78,7 +78,7 @@ def read_records_in_fresh_process(
     )
 
 
-#: The operators whose operands a reduced-precision job rounds (tuner.precision's policy).
+#: The operators whose operands a reduced-precision job rounds (tuner.passes.precision's policy).
 _REDUCED_OPERATORS = ("MatMul", "Gemm", "Conv")
 
 

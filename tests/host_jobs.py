@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.entities import JobSpec
-from tuner.job import JobResult, run_job, submit_job
-from tuner.models import register_model
-from tuner.recorder import JobListener
+from tuner.jobs.pipeline import JobResult, run_job, submit_job
+from tuner.jobs.recorder import JobListener
+from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target

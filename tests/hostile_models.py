@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.models import _model, build_torch_mlp, save_torch_program
+from tests.model_builders import _model, build_torch_mlp, save_torch_program
 
 
 class _RunsShell:

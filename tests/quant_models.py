@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.models import IR_VERSION, OPSET, _model
+from tests.model_builders import IR_VERSION, OPSET, _model
 
 _ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from kiln_tvm import Target, register_cpu_tensor_intrinsics, relax, tvm
 from tuner.entities import ModelSignature, TensorSpec
-from tuner.tasks import GraphPlan
+from tuner.passes.plan import GraphPlan
 
 
 def build_tuned(plan: GraphPlan, target: Target, database: Any) -> Any:

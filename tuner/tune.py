@@ -26,11 +26,11 @@ from schedules.spaces import SpaceOptions, default_space_name, get_space, space_
 from schedules.transfer import transferred_schedules
 from tuner.entities import MachineLimits, RunnerSpec
 from tuner.errors import InvalidSpec
-from tuner.fatal_signals import report_fatal_signals_on_stderr
+from tuner.isolation.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
 from tuner.metaschedule.callback import BatchListener, ProgressCallback
 from tuner.metaschedule.cost_model import xgb_model
-from tuner.metaschedule.defaults import measure_default_schedules, measure_schedules
+from tuner.metaschedule.measured_seeds import measure_default_schedules, measure_schedules
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.metaschedule.runner import ExclusiveRunner, alloc_measure_arguments, run_calibrated_evaluator
 from tuner.metaschedule.scheduler import KilnTaskScheduler, StopCheck, TimeLeft

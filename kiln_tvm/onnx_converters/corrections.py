@@ -337,7 +337,7 @@ def corrections(base: type, tvm_map: dict[str, Any]) -> dict[str, type]:
 
     class Tile(base):  # type: ignore[misc, valid-type]
         """``relax.op.tile`` for constant repeats (TVM emits ``topi.tile`` itself, which Kiln's graph pass
-        :func:`tuner.tile_rewrite.tile_as_broadcast` cannot reach); TVM's converter for repeats given at
+        :func:`tuner.passes.tile_rewrite.tile_as_broadcast` cannot reach); TVM's converter for repeats given at
         run time."""
 
         @classmethod

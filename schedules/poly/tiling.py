@@ -20,7 +20,7 @@ from schedules.poly.program import AccessKind, LoopKind, Statement
 #: that position touches. Below the outer reduction loop (``R0``) the tile streams its inner reduction
 #: chunk through L1; below the inner spatial loops of the middle level (``S2``), registers and L1.
 DEFAULT_CUT_LEVELS = {"S2": "L1d", "R0": "L2", "S1": "L3"}
-#: Independent FMA chains that hide the FMA latency (the roofline kernel's count, tuner/roofline.py).
+#: Independent FMA chains that hide the FMA latency (the roofline kernel's count, tuner/timing/roofline.py).
 FMA_CHAINS = 12
 #: Vector registers the accumulators may use before they spill (32 with AVX-512, 16 without).
 _ACCUMULATOR_REGISTERS = {16: 28, 8: 12, 4: 12}

@@ -15,7 +15,6 @@ from sse_starlette.sse import EventSourceResponse
 
 from service.deps import OwnerDep, ServiceState, StateDep
 from service.disconnect import while_connected
-from service.polyhedral_schema import PolyhedralOut
 from service.schemas import (
     BestOut,
     CurveOut,
@@ -36,8 +35,7 @@ from service.schemas import (
     RPCRunner,
     TaskOut,
 )
-from tuner import inspection
-from tuner.artifact import records_tarball
+from service.schemas.polyhedral import PolyhedralOut
 from tuner.entities import (
     Job,
     JobSpec,
@@ -49,13 +47,15 @@ from tuner.entities import (
     trials_shortfall,
 )
 from tuner.errors import Conflict, NotFound
-from tuner.inspection import best_schedule, plan_model, task_tir
-from tuner.job import submit_job
-from tuner.models import artifact_file_name
-from tuner.profile_check import job_profile as profile_of_job
+from tuner.jobs.artifact import records_tarball
+from tuner.jobs.pipeline import submit_job
+from tuner.model_registry import artifact_file_name
 from tuner.rpc.tracker import allowed_tracker
 from tuner.settings import Settings
 from tuner.store.sql import Store
+from tuner.timing.profile_check import job_profile as profile_of_job
+from tuner.views import inspection
+from tuner.views.inspection import best_schedule, plan_model, task_tir
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 

@@ -14,13 +14,13 @@ from fastapi.concurrency import run_in_threadpool
 
 from service.deps import OwnerDep, StateDep
 from service.disconnect import while_connected
-from service.polyhedral_schema import PolyhedralOut
 from service.schemas import ErrorOut, ModelOut, ModelTasksOut
+from service.schemas.polyhedral import PolyhedralOut
 from tuner.entities import ModelInfo, ModelPlan
 from tuner.errors import InvalidSpec
 from tuner.frontend.input_values import parse_input_values_json
-from tuner.inspection import plan_model, planned_task_polyhedral, preview_caches
-from tuner.models import UPLOAD_SPOOL_PREFIX, base_name, register_model, safe_file_name, upload_spool
+from tuner.model_registry import UPLOAD_SPOOL_PREFIX, base_name, register_model, safe_file_name, upload_spool
+from tuner.views.inspection import plan_model, planned_task_polyhedral, preview_caches
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.settings import Settings
 
 

@@ -19,7 +19,7 @@ from tests.hostile_models import (
     pickle_pt2,
     zip_bomb_pt2,
 )
-from tuner.models import clean_upload_spools, upload_spool
+from tuner.model_registry import clean_upload_spools, upload_spool
 from tuner.settings import Settings
 from tuner.store import Store
 

@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from tests.api.conftest import onnx_bytes
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
+from tuner.jobs.worker import Worker
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.worker import Worker
 
 
 def _submit(client: TestClient, model_id: str, **fields) -> dict:

@@ -13,9 +13,9 @@ from onnx import TensorProto, helper
 
 from service.app import create_app
 from tests.api.conftest import onnx_bytes
-from tests.models import PARAMETER_VALUES, build_mlp, parameterized_onnx
+from tests.model_builders import PARAMETER_VALUES, build_mlp, parameterized_onnx
+from tuner.jobs.worker import Worker
 from tuner.settings import Settings
-from tuner.worker import Worker
 
 
 def test_upload_returns_the_model_and_its_signature(client: TestClient, mlp_bytes: bytes) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from tuner.jobs.worker import Worker
 from tuner.settings import Settings
-from tuner.worker import Worker
 
 
 def test_a_planned_task_has_its_polyhedral_analysis(client: TestClient, mlp_model: dict) -> None:

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
+from tuner.jobs.worker import Worker
 from tuner.settings import Settings
-from tuner.worker import Worker
 
 ALICE = {"Authorization": "Bearer alice-secret"}
 BOB = {"Authorization": "Bearer bob-secret"}

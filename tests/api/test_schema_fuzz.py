@@ -14,7 +14,7 @@ from schemathesis.checks import not_a_server_error
 
 from service.app import create_app
 from tests.api.conftest import onnx_bytes
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.settings import Settings
 
 

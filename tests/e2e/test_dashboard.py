@@ -16,7 +16,7 @@ import httpx
 import onnx
 import pytest
 
-from tests.models import PARAMETER_VALUES, build_mlp, parameterized_onnx
+from tests.model_builders import PARAMETER_VALUES, build_mlp, parameterized_onnx
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tests.hostile_models import constant_bomb_onnx, long_chain_onnx, zip_bomb_pt2
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def _importers(server: psutil.Process) -> list[psutil.Process]:
     found = []
     for child in server.children(recursive=True):
         try:
-            if "tuner.sandbox_child" in " ".join(child.cmdline()):
+            if "tuner.isolation.sandbox_child" in " ".join(child.cmdline()):
                 found.append(child)
         except psutil.Error:
             pass

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 
 pytestmark = pytest.mark.slow
 

@@ -8,11 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import InvalidModel, InvalidSpec, InvalidTarget, MissingInputShape, UnsupportedOperator
-from tuner.job import run_job, submit_job
-from tuner.models import model_file, register_model
+from tuner.jobs.pipeline import run_job, submit_job
+from tuner.model_registry import model_file, register_model
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target

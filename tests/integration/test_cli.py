@@ -15,7 +15,7 @@ import pytest
 
 from tests.artifacts import run_artifact_in_fresh_process
 from tests.jax_models import export_jax, jax_cnn, jax_outputs
-from tests.models import build_torch_mlp, save_torch_program
+from tests.model_builders import build_torch_mlp, save_torch_program
 
 REPO = Path(__file__).resolve().parents[2]
 MLP = REPO / "examples" / "mlp.onnx"
@@ -45,9 +45,9 @@ def test_tasks_prints_the_fused_kernels_without_tuning(tmp_path: Path) -> None:
 
 def test_tasks_show_tir_prints_unscheduled_tir_exactly(tmp_path: Path) -> None:
     from tuner.frontend import load_model
+    from tuner.passes.plan import plan_graph
     from tuner.settings import Settings
     from tuner.targets import resolve_target, to_tvm_target
-    from tuner.tasks import plan_graph
 
     done = kiln("tasks", str(MLP), "--show-tir", "0", data_dir=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -56,9 +56,7 @@ def test_tasks_show_tir_prints_unscheduled_tir_exactly(tmp_path: Path) -> None:
     # T.axis.remap's list) are not taken for markup, long lines are not wrapped.
     settings = Settings()
     target = to_tvm_target(resolve_target("host"))
-    plan = plan_graph(
-        load_model(MLP, {}).mod, target, settings.weight_prepack, settings.cpu_conv_layout, settings.fast_math
-    )
+    plan = plan_graph(load_model(MLP, {}).mod, target, settings.planning_options())
     assert printed.rstrip("\n") == plan.infos[0].tir.rstrip("\n")
     assert 'T.axis.remap("SSR", [' in printed
 
@@ -115,7 +113,7 @@ def test_bad_input_shape_syntax_exits_2(tmp_path: Path) -> None:
 
 
 def test_input_values_bind_a_graphs_parameters(tmp_path: Path) -> None:
-    from tests.models import PARAMETER_VALUES, parameterized_onnx
+    from tests.model_builders import PARAMETER_VALUES, parameterized_onnx
 
     path = parameterized_onnx(tmp_path / "topk.onnx")
     values = [f"--input-value={name}={json.dumps(v)}" for name, v in PARAMETER_VALUES.items()]

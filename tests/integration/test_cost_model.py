@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from tests.host_jobs import run_host_job
-from tests.models import build_mlp, build_small_cnn
+from tests.model_builders import build_mlp, build_small_cnn
 from tuner.entities import JobStatus
 from tuner.metaschedule.cost_model import SHARED_SCOPE
 from tuner.settings import Settings

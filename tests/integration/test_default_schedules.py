@@ -12,12 +12,12 @@ import pytest
 from kiln_tvm import ms
 from schedules.defaults import default_schedule
 from tests.artifacts import onnxruntime_output
-from tests.models import build_attention_scores
+from tests.model_builders import build_attention_scores
 from tuner.compile import LoadedModel, build_tuned
 from tuner.frontend import load_model
 from tuner.metaschedule.callback import TrialBatch
+from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
 from tuner.tune import Budget, MeasureConfig, tune_tasks
 
 pytestmark = pytest.mark.slow

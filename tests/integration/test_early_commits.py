@@ -10,10 +10,10 @@ import pytest
 
 import tuner.tune
 from tests.host_jobs import run_host_job
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.entities import FusionSummary, JobStatus, Task
+from tuner.jobs.recorder import TuningClock
 from tuner.metaschedule.runner import ExclusiveRunner
-from tuner.recorder import TuningClock
 from tuner.settings import Settings
 from tuner.store import Store
 

@@ -17,17 +17,17 @@ from schedules.vnni import vnni_lanes
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, read_records_in_fresh_process, run_artifact_in_fresh_process
 from tests.host_jobs import run_host_job
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import InvalidSpec
-from tuner.inspection import best_schedule
-from tuner.job import run_job, submit_job
-from tuner.models import register_model
+from tuner.jobs.pipeline import run_job, submit_job
+from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
-from tuner.verify import REFERENCE_SEMANTICS
+from tuner.timing.verify import REFERENCE_SEMANTICS
+from tuner.views.inspection import best_schedule
 
 pytestmark = pytest.mark.slow
 

@@ -22,16 +22,16 @@ import psutil
 import pytest
 
 from tests.hostile_models import nested_if_onnx, outer_product_onnx
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.entities import Job, JobSpec, JobStatus, ModelInfo
 from tuner.errors import ImportTimeout
-from tuner.inspection import plan_model
-from tuner.job import submit_job
-from tuner.models import register_model
-from tuner.sandbox import ModelSandbox
+from tuner.isolation.sandbox import ModelSandbox
+from tuner.jobs.pipeline import submit_job
+from tuner.jobs.worker import Worker
+from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.worker import Worker
+from tuner.views.inspection import plan_model
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tuner.sandbox import PLANNING_MEMORY_RATIO, SandboxLimits
+from tuner.isolation.sandbox import PLANNING_MEMORY_RATIO, SandboxLimits
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +25,9 @@ MEASURE = """
 import json, sys, threading, time
 from pathlib import Path
 from tuner.frontend import load_model, warm_up
-from tuner.sandbox import data_segment_bytes
+from tuner.isolation.sandbox import data_segment_bytes
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
+from tuner.passes.plan import plan_graph
 import onnxruntime
 
 warm_up()

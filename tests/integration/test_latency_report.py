@@ -10,11 +10,11 @@ import onnx
 import pytest
 
 from tests.host_jobs import run_host_job
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.entities import JobStatus
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.verify import TUNED, UNTUNED
+from tuner.timing.verify import TUNED, UNTUNED
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.host_jobs import run_host_job
-from tests.models import build_mlp, build_small_cnn
+from tests.model_builders import build_mlp, build_small_cnn
 from tuner.entities import JobStatus
 from tuner.errors import VerificationFailed
 from tuner.settings import Settings
@@ -207,12 +207,14 @@ def test_mismatching_build_fails_the_job_loudly(
     sqlite_store: Store, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A tuned build whose outputs differ (simulated miscompile: other weights) never becomes an artifact."""
-    import tuner.job
+    import tuner.jobs.pipeline
     from tuner.compile import build_untuned
     from tuner.frontend import load_model
 
     other = load_model(_save(build_mlp(seed=99), tmp_path / "other.onnx"))
-    monkeypatch.setattr(tuner.job, "build_tuned", lambda plan, target, db: build_untuned(other.mod, target))
+    monkeypatch.setattr(
+        tuner.jobs.pipeline, "build_tuned", lambda plan, target, db: build_untuned(other.mod, target)
+    )
     path = _save(build_mlp(seed=2), tmp_path / "mlp.onnx")
 
     with pytest.raises(VerificationFailed, match="differ beyond tolerance"):

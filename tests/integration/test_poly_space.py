@@ -12,11 +12,11 @@ import onnx
 import pytest
 
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
-from tests.models import build_small_cnn
+from tests.model_builders import build_small_cnn
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import InvalidSpec
-from tuner.job import run_job, submit_job
-from tuner.models import register_model
+from tuner.jobs.pipeline import run_job, submit_job
+from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target

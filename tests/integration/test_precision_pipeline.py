@@ -20,14 +20,14 @@ from schedules.vnni import has_avx512_bf16
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, rounded_operands_output, run_artifact_in_fresh_process
 from tests.host_jobs import run_host_job
-from tests.models import build_mlp, build_small_cnn
+from tests.model_builders import build_mlp, build_small_cnn
 from tuner.entities import JobStatus
-from tuner.inspection import best_schedule
-from tuner.job import JobResult
-from tuner.precision import RELATIVE_TOLERANCE
+from tuner.jobs.pipeline import JobResult
+from tuner.passes.precision import RELATIVE_TOLERANCE
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
+from tuner.views.inspection import best_schedule
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def _assert_artifact_within_reduced_tolerance(
 SHOW_BEST = """
 import sys
 from pathlib import Path
-from tuner.inspection import best_schedule
+from tuner.views.inspection import best_schedule
 from tuner.settings import Settings
 from tuner.store import Store
 store = Store(Settings(data_dir=Path(sys.argv[1]), database_url=None).resolved_database_url)

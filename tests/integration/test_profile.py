@@ -9,13 +9,13 @@ import onnx
 import pytest
 
 from tests.host_jobs import run_host_job
-from tests.models import build_small_cnn
+from tests.model_builders import build_small_cnn
 from tuner.entities import JobSpec, JobStatus
-from tuner.job import run_job, submit_job
-from tuner.profile import RUNTIME_ROW, host_key
+from tuner.jobs.pipeline import run_job, submit_job
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target
+from tuner.timing.profile import RUNTIME_ROW, host_key
 
 pytestmark = pytest.mark.slow
 

@@ -20,12 +20,12 @@ from schedules.poly.caches import read_sysfs_caches
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.gather_kernel import built_gather
 from tests.host_jobs import run_host_job
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.entities import JobSpec, JobStatus, RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
-from tuner.job import job_caches, run_job, submit_job
+from tuner.jobs.pipeline import job_caches, run_job, submit_job
 from tuner.metaschedule.rpc_runner import make_rpc_runner
-from tuner.models import register_model
+from tuner.model_registry import register_model
 from tuner.rpc.device_info import device_caches
 from tuner.rpc.processes import RPCProcess, start_server, start_tracker
 from tuner.rpc.tracker import DeviceQueue, check_runner, tracker_summary

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.models import build_torch_mlp, build_torch_relu6_cnn
+from tests.model_builders import build_torch_mlp, build_torch_relu6_cnn
 from tuner.entities import JobStatus
 from tuner.errors import InvalidSpec
-from tuner.job import run_job
+from tuner.jobs.pipeline import run_job
 from tuner.schedule_choice import ScheduleSource
 from tuner.settings import Settings
 from tuner.store import Store

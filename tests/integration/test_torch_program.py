@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.host_jobs import run_host_job
-from tests.models import build_torch_mlp, save_torch_program
+from tests.model_builders import build_torch_mlp, save_torch_program
 from tuner.compile import LoadedModel
 from tuner.entities import JobStatus, ModelFormat
 from tuner.settings import Settings

@@ -20,14 +20,14 @@ import psutil
 import pytest
 
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.entities import Job, JobSpec, JobStatus
-from tuner.failures import crash_report_path
-from tuner.job import submit_job
-from tuner.models import register_model
+from tuner.jobs.failures import crash_report_path
+from tuner.jobs.pipeline import submit_job
+from tuner.jobs.worker import Worker
+from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store
-from tuner.worker import Worker
 
 pytestmark = pytest.mark.slow
 

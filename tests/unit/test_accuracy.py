@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.accuracy import accuracy_report, require_accuracy, top1_agreement, with_top1
 from tuner.entities import AccuracyReport
 from tuner.errors import VerificationFailed
+from tuner.timing.accuracy import accuracy_report, require_accuracy, top1_agreement, with_top1
 
 
 def test_differences_are_counted_in_steps_and_one_step_passes() -> None:

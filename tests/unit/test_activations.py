@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kiln_tvm import relax, tvm
-from tuner.activations import gelu_as_formula
 from tuner.compile import LoadedModel
+from tuner.passes.activations import gelu_as_formula
 
 
 def _module(op: str) -> tvm.IRModule:

@@ -13,8 +13,8 @@ from kiln_tvm.x86_amx import BF16, INT8, amx_intrinsic_name, request_amx_permiss
 from schedules.amx import amx_blocks, has_amx_bf16, has_amx_int8
 from schedules.vnni import PACKED_BLOCKS
 from tests.schedule_candidates import sampled_candidates
-from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
-from tuner.quant.vnni import pack_for_vnni, pack_matmul_weight
+from tuner.passes.bf16_packing import Bf16AmxReport, pack_for_amx_bf16
+from tuner.passes.int8_packing import pack_for_vnni, pack_matmul_weight
 from tuner.targets import host_target, to_tvm_target
 
 HOST = to_tvm_target(host_target())

@@ -3,7 +3,7 @@ them) and each kernel's instruction mix: FMAs by width, dot products."""
 
 from __future__ import annotations
 
-from tuner.assembly import instruction_mix, kernel_assembly, split_functions
+from tuner.views.assembly import instruction_mix, kernel_assembly, split_functions
 
 ASM = """\
 \t.text

@@ -12,9 +12,9 @@ from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import BF16
 from schedules.vnni import BF16_BLOCK, has_avx512_bf16
 from tests.schedule_candidates import sampled_candidates
-from tuner.bf16_amx import Bf16AmxReport, pack_for_amx_bf16
-from tuner.precision import precision_compute
-from tuner.quant.vnni import pack_conv_weight, pack_matmul_weight
+from tuner.passes.bf16_packing import Bf16AmxReport, pack_for_amx_bf16
+from tuner.passes.int8_packing import pack_conv_weight, pack_matmul_weight
+from tuner.passes.precision import precision_compute
 from tuner.targets import host_target, to_tvm_target
 
 HOST = to_tvm_target(host_target())

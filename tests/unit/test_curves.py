@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from tuner.curves import JobCurve, JobCurvePoint, estimates_at
+from tuner.views.curves import JobCurve, JobCurvePoint, estimates_at
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=timezone.utc)
 

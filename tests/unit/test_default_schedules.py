@@ -14,11 +14,12 @@ from schedules import row_reduction
 from schedules.defaults import default_schedule
 from schedules.loops import fp32_lanes
 from tests.artifacts import onnxruntime_output
-from tests.models import build_attention_scores
+from tests.model_builders import build_attention_scores
 from tuner.compile import LoadedModel, build_untuned
+from tuner.entities import PlanningOptions
 from tuner.frontend import load_model
+from tuner.passes.plan import GraphPlan, plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import GraphPlan, plan_graph
 
 TARGET = to_tvm_target(host_target())
 
@@ -92,7 +93,7 @@ def test_matmuls_get_no_default_schedule(plan: GraphPlan) -> None:
 def test_fast_math_replaces_exp_and_erf_and_keeps_the_outputs(tmp_path: Path, fast_math: bool) -> None:
     path = tmp_path / "attention.onnx"
     onnx.save(build_attention_scores(), path)
-    plan = plan_graph(load_model(path).mod, TARGET, fast_math=fast_math)
+    plan = plan_graph(load_model(path).mod, TARGET, PlanningOptions(fast_math=fast_math))
     names = [str(t.task_name) for t in plan.tasks]
     assert any("fast_softmax" in n for n in names) is fast_math, names
     assert any("fast_erf" in n for n in names) is fast_math, names

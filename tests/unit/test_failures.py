@@ -11,7 +11,7 @@ import pytest
 
 from forkserver import ForkServer, ForkServerUnavailable
 from tuner.errors import InvalidModel
-from tuner.failures import crash_report_path, describe_failure, without_paths, write_crash_report
+from tuner.jobs.failures import crash_report_path, describe_failure, without_paths, write_crash_report
 
 
 def test_paths_are_cut_to_their_last_part_and_urls_are_kept() -> None:
@@ -23,7 +23,7 @@ def test_paths_are_cut_to_their_last_part_and_urls_are_kept() -> None:
 def test_a_helper_that_cannot_import_a_module_names_the_module_and_how_to_install_it(
     tmp_path: Path,
 ) -> None:
-    # A real fork server whose preload imports a module that is not installed (as tuner.measure's did
+    # A real fork server whose preload imports a module that is not installed (as tuner.timing.side_by_side's did
     # with onnxruntime on a base install).
     (tmp_path / "needs_a_missing_module.py").write_text(
         textwrap.dedent(

@@ -10,7 +10,7 @@ import pytest
 
 _CRASH = """
 import os, signal, sys
-from tuner.fatal_signals import report_fatal_signals
+from tuner.isolation.fatal_signals import report_fatal_signals
 report_fatal_signals(sys.stderr)
 def deep_in_the_search():
     os.kill(os.getpid(), signal.{name})

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.models import build_mlp, build_small_cnn, build_torch_mlp, save_torch_program
+from tests.model_builders import build_mlp, build_small_cnn, build_torch_mlp, save_torch_program
 from tuner.entities import ModelFormat, ModelSignature, TensorSpec
 from tuner.errors import (
     InvalidModel,
@@ -434,7 +434,7 @@ def test_examples_match_onnxruntime(name: str) -> None:
 
 
 def test_examples_are_reproducible() -> None:
-    """examples/*.onnx are what tests/models.py builds (run examples/make_examples.py after a change)."""
+    """examples/*.onnx are what tests/model_builders.py builds (run examples/make_examples.py after a change)."""
     assert (EXAMPLES / "mlp.onnx").read_bytes() == build_mlp().SerializeToString()
     assert (EXAMPLES / "small_cnn.onnx").read_bytes() == build_small_cnn().SerializeToString()
 

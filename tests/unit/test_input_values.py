@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.models import PARAMETER_VALUES, parameterized_onnx
+from tests.model_builders import PARAMETER_VALUES, parameterized_onnx
 from tests.onnx_import import assert_outputs_match
 from tuner.compile import LoadedModel, build_untuned
 from tuner.entities import TensorSpec
@@ -96,7 +96,7 @@ def test_input_values_are_parsed_from_the_command_line_and_a_form() -> None:
 
 def test_a_torch_program_takes_no_input_values(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from tests.models import save_torch_program
+    from tests.model_builders import save_torch_program
 
     path = save_torch_program(torch.nn.ReLU(), (torch.ones(2, 3),), tmp_path / "relu.pt2")
     with pytest.raises(InvalidSpec, match="binds inputs of ONNX models"):

@@ -12,8 +12,8 @@ import pytest
 
 from tests.store_rows import add_job
 from tuner.entities import JobStatus
-from tuner.job_guard import cli_worker_name, sweep_dead_local_jobs
-from tuner.job_limits import JobLimits, JobWatch, tree_memory_bytes
+from tuner.jobs.guard import cli_worker_name, sweep_dead_local_jobs
+from tuner.jobs.limits import JobLimits, JobWatch, tree_memory_bytes
 from tuner.settings import Settings
 from tuner.store import Store
 

@@ -11,12 +11,12 @@ import pytest
 
 from kiln_tvm import relax, tvm
 from tests.artifacts import onnxruntime_output
-from tests.models import build_relu6_cnn, build_torch_relu6_cnn, save_torch_program
+from tests.model_builders import build_relu6_cnn, build_torch_relu6_cnn, save_torch_program
 from tuner.compile import LoadedModel, build_untuned
-from tuner.elementwise import elementwise_as_operators
 from tuner.frontend import load_model
+from tuner.passes.elementwise import elementwise_as_operators
+from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
 
 TARGET = to_tvm_target(host_target())
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.models import build_small_cnn
+from tests.model_builders import build_small_cnn
 from tests.store_rows import add_job
 from tuner.entities import IrLevel
 from tuner.errors import NotFound
 from tuner.frontend import load_model
-from tuner.lowering import IMPORTED
+from tuner.passes.levels import IMPORTED
+from tuner.passes.plan import plan_graph
 from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
 
 TARGET = to_tvm_target(host_target())
 

@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from tuner.entities import LatencyReport, Timing
-from tuner.measure import OtherCpuSampler, busy_warnings, round_orders
+from tuner.timing.side_by_side import OtherCpuSampler, busy_warnings, round_orders
 
 
 def test_rounds_rotate_so_that_nobody_always_runs_first() -> None:
@@ -77,7 +77,7 @@ def test_another_process_spinning_shows_as_other_cpu_use() -> None:
 def test_the_timing_childrens_own_cpu_is_not_other_processes_use(tmp_path: Path) -> None:
     """Kiln's timing children are the fork server's, not the caller's: each reports its CPU time, which the
     busy check then leaves out (it once read every measurement as a busy machine)."""
-    from tuner.measure import run_child
+    from tuner.timing.side_by_side import run_child
 
     model = tmp_path / "matmul.onnx"
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1024, 1024])
@@ -130,7 +130,7 @@ class _FakeClock:
 def test_a_slow_call_is_timed_fewer_times_than_a_fast_one(
     monkeypatch: pytest.MonkeyPatch, call_s: float, budget_s: float, timed: int, calls: int
 ) -> None:
-    import tuner.call_timing as call_timing
+    import tuner.timing.calls as call_timing
 
     clock = _FakeClock(call_s)
     monkeypatch.setattr(call_timing.time, "perf_counter", clock.perf_counter)

@@ -22,8 +22,8 @@ from onnx import numpy_helper
 from kiln_tvm import ms
 from tuner.compile import LoadedModel, build_tuned
 from tuner.frontend import load_model
+from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
 
 TARGET = to_tvm_target(host_target())
 

@@ -13,13 +13,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kiln_tvm import relax, structural_equal, tvm
-from tests.models import IR_VERSION
+from tests.model_builders import IR_VERSION
 from tuner.compile import LoadedModel, build_untuned
+from tuner.entities import PlanningOptions
 from tuner.frontend import load_model
-from tuner.lowering import LevelRecorder, recording_levels
-from tuner.pass_guard import SkippedPasses, guarded
+from tuner.passes.guard import SkippedPasses, guarded
+from tuner.passes.levels import LevelRecorder, recording_levels
+from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
 
 TARGET = to_tvm_target(host_target())
 SHAPE = (1, 4, 8, 8)
@@ -125,7 +126,9 @@ def test_layout_conversion_keeps_only_what_it_fails_on(case: str, kept: str, tmp
     (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
 
     plan = plan_graph(
-        load_model(path, {k: v.shape for k, v in feeds.items()}).mod, TARGET, weight_prepack=False
+        load_model(path, {k: v.shape for k, v in feeds.items()}).mod,
+        TARGET,
+        PlanningOptions(weight_prepack=False),
     )
     # The convolutions were converted although an operator after them has a layout rule that fails.
     assert _conv_layouts(plan.prepared) and set(_conv_layouts(plan.prepared)) == {"NHWC"}

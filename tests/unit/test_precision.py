@@ -11,16 +11,16 @@ import pytest
 
 from kiln_tvm import relax, tvm
 from tests.artifacts import onnxruntime_output
-from tests.models import build_mlp, build_small_cnn
-from tuner.accuracy import accuracy_report, require_accuracy
+from tests.model_builders import build_mlp, build_small_cnn
 from tuner.compile import LoadedModel, build_untuned
-from tuner.entities import JobSpec
+from tuner.entities import JobSpec, PlanningOptions
 from tuner.errors import InvalidSpec, VerificationFailed
 from tuner.frontend import load_model
-from tuner.job import validate_spec
-from tuner.precision import RELATIVE_TOLERANCE, precision_compute
+from tuner.jobs.pipeline import validate_spec
+from tuner.passes.plan import plan_graph
+from tuner.passes.precision import RELATIVE_TOLERANCE, precision_compute
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
+from tuner.timing.accuracy import accuracy_report, require_accuracy
 
 TARGET = to_tvm_target(host_target())
 #: CPUs without and with AVX512-BF16 (planned for, not run on).
@@ -55,7 +55,7 @@ def _constant_dtypes(mod: tvm.IRModule) -> set[str]:
 def _relative_error(model: onnx.ModelProto, policy: str, tmp_path: Path, shape: tuple[int, ...]) -> float:
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
-    plan = plan_graph(load_model(path).mod, TARGET, precision=policy)
+    plan = plan_graph(load_model(path).mod, TARGET, PlanningOptions(precision=policy))
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
     (got,) = LoadedModel(build_untuned(plan.prepared, TARGET)).run([x])
     want = onnxruntime_output(path, x)
@@ -69,7 +69,7 @@ def test_a_policy_puts_convolutions_and_matmuls_on_low_precision_operands(
     path = tmp_path / "cnn.onnx"
     onnx.save(build_small_cnn(), path)
     # A CPU with no bf16 instruction: the cores stay the operators they were, on cast operands.
-    plan = plan_graph(load_model(path).mod, AVX2_TARGET, precision=policy)
+    plan = plan_graph(load_model(path).mod, AVX2_TARGET, PlanningOptions(precision=policy))
     assert plan.fusion.precision == policy
     assert [op.split(" ")[0] for op in plan.fusion.reduced_ops] == ["conv2d"] * 3 + ["matmul"]
     assert all(op.endswith(f"-> {policy}") for op in plan.fusion.reduced_ops)
@@ -89,7 +89,7 @@ def test_a_policy_puts_convolutions_and_matmuls_on_low_precision_operands(
 def test_on_avx512_bf16_the_convolutions_go_on_vdpbf16ps_and_the_rest_says_why(tmp_path: Path) -> None:
     path = tmp_path / "cnn.onnx"
     onnx.save(build_small_cnn(), path)
-    plan = plan_graph(load_model(path).mod, ZEN4_TARGET, precision="bf16")
+    plan = plan_graph(load_model(path).mod, ZEN4_TARGET, PlanningOptions(precision="bf16"))
     # All three convolutions: 16 and 32 output channels; the RGB stem's 3 channels filled to 4.
     assert plan.fusion.avx512_bf16_convolutions == [
         "conv2d 1x32x32x3 * 16x3x3x3",

@@ -13,18 +13,18 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.models import build_small_cnn
+from tests.model_builders import build_small_cnn
 from tests.store_rows import add_job
-from tuner.artifact import export_library
 from tuner.compile import build_untuned, random_inputs
 from tuner.entities import KernelProfile, MachineLimits, ModelProfile
 from tuner.errors import NotFound
 from tuner.frontend import load_model
-from tuner.profile import RUNTIME_ROW, build_profile, kernel_flops
-from tuner.profile_match import KilnCall, OrtNode, kernel_kind, match_nodes
-from tuner.profile_runs import node_flops, onnxruntime_profile_summary, tvm_kernel_calls
+from tuner.jobs.artifact import export_library
 from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
+from tuner.timing.profile import RUNTIME_ROW, build_profile, kernel_flops
+from tuner.timing.profile_match import KilnCall, OrtNode, kernel_kind, match_nodes
+from tuner.timing.profile_runs import node_flops, onnxruntime_profile_summary, tvm_kernel_calls
 
 LIMITS = MachineLimits(
     peak_gflops=200.0, peak_gflops_one_thread=100.0, bandwidth_gbs=40.0, threads=2, vector_lanes=16, how="t"
@@ -248,7 +248,7 @@ def _child_result(kernels_us: float, run_us: float) -> dict[str, Any]:
 def test_a_profile_whose_kernels_and_run_disagree_is_taken_again_and_the_nearest_kept(
     monkeypatch: pytest.MonkeyPatch, attempts: list[tuple[float, float]], kept: int, taken: int
 ) -> None:
-    import tuner.profile as profile
+    import tuner.timing.profile as profile
 
     results = [_child_result(k, r) for k, r in attempts]
     requests: list[list[str]] = []

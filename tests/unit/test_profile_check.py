@@ -4,7 +4,7 @@ flagged with the numbers that disagree."""
 from __future__ import annotations
 
 from tuner.entities import KernelProfile, ModelProfile, Task
-from tuner.profile_check import check_profile, kernel_bests
+from tuner.timing.profile_check import check_profile, kernel_bests
 
 
 def _profile(conv_us: float, dense_us: float, run_us: float, latency_ms: float) -> ModelProfile:

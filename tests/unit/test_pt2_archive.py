@@ -11,7 +11,7 @@ import pytest
 from tests.hostile_models import code_pickle, pickle_pt2, zip_bomb_pt2
 from tuner.errors import InvalidModel, ModelTooLarge
 from tuner.frontend import load_model, read_signature
-from tuner.pt2_archive import WEIGHTS_ONLY_ENV, check_archive
+from tuner.frontend.pt2_archive import WEIGHTS_ONLY_ENV, check_archive
 
 torch = pytest.importorskip("torch")
 

@@ -14,8 +14,8 @@ from schedules.vnni import has_packed_block
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.compile import LoadedModel, build_untuned
 from tuner.frontend import load_model
+from tuner.passes.plan import GraphPlan, plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import GraphPlan, plan_graph
 
 TARGET = to_tvm_target(host_target())
 CORE_OPS = ("relax.nn.conv2d", "relax.matmul")
@@ -76,7 +76,7 @@ def _plan_and_compare(model: onnx.ModelProto, tmp_path: Path, inputs: int = 6) -
 
 def _integer_cores(plan: GraphPlan) -> list[list[relax.Expr]]:
     """The operands of each integer convolution and matmul: the Relax operators', and on VNNI CPUs those
-    of the kernels over packed weights that replace them (tuner.quant.vnni)."""
+    of the kernels over packed weights that replace them (tuner.passes.int8_packing)."""
     cores = []
     for c in _ops(plan.prepared["main"]):
         if c.op.name in CORE_OPS and str(c.ty.dtype) == "int32":
@@ -168,7 +168,7 @@ def test_an_unquantized_output_keeps_the_operator_in_float_and_says_why(tmp_path
 def test_a_weight_computed_at_run_time_stays_in_float_with_the_reason(tmp_path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
-    from tests.models import _model
+    from tests.model_builders import _model
 
     inits = [
         numpy_helper.from_array(np.float32(0.05), "s"),

@@ -11,12 +11,12 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime import quantization
 
 from tests.artifacts import onnxruntime_output
-from tests.models import _model, build_mlp, build_small_cnn
+from tests.model_builders import _model, build_mlp, build_small_cnn
 from tuner.compile import LoadedModel, build_untuned
 from tuner.frontend import load_model
 from tuner.frontend.onnx_qoperator import qoperator_to_qdq
+from tuner.passes.plan import GraphPlan, plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import GraphPlan, plan_graph
 
 TARGET = to_tvm_target(host_target())
 

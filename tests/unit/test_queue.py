@@ -12,7 +12,7 @@ from tests.store_rows import SIGNATURE, add_job, add_model, spec_for
 from tuner.entities import JobStatus, ModelFormat
 from tuner.errors import Conflict
 from tuner.store import Store
-from tuner.store.models import JobRow, utcnow
+from tuner.store.orm import JobRow, utcnow
 
 TARGET = "llvm -mcpu=znver4 -num-cores=2"
 

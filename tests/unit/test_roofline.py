@@ -11,7 +11,8 @@ import pytest
 
 from kiln_tvm import tvm
 from schedules.loops import fp32_lanes
-from tuner.roofline import (
+from tuner.targets import host_target, to_tvm_target
+from tuner.timing.roofline import (
     FMA_CHAINS,
     fma_peak_kernel,
     last_level_cache_bytes,
@@ -19,7 +20,6 @@ from tuner.roofline import (
     measure_limits,
     triad_kernel,
 )
-from tuner.targets import host_target, to_tvm_target
 
 TARGET = host_target()
 LANES = fp32_lanes(to_tvm_target(TARGET))
@@ -138,7 +138,7 @@ def test_measured_limits_are_physical_and_say_how() -> None:
 
 
 def test_the_bandwidth_arrays_are_bounded_whatever_cache_the_machine_reports() -> None:
-    from tuner.roofline import MAX_STREAM_BYTES, MIN_STREAM_BYTES, stream_array_bytes
+    from tuner.timing.roofline import MAX_STREAM_BYTES, MIN_STREAM_BYTES, stream_array_bytes
 
     assert stream_array_bytes(None) == MIN_STREAM_BYTES == 64 << 20
     assert stream_array_bytes(24 << 20) == 96 << 20  # 4x a real 24 MiB L3

@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from tests.hostile_models import long_chain_onnx
-from tests.models import build_mlp
+from tests.model_builders import build_mlp
 from tuner.errors import ImporterCrashed
-from tuner.sandbox import ModelSandbox
+from tuner.isolation.sandbox import ModelSandbox
 from tuner.settings import Settings
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,9 @@ def _fork_servers() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and "tuner.sandbox_child" in " ".join(child.cmdline()):
+            if child.status() != psutil.STATUS_ZOMBIE and "tuner.isolation.sandbox_child" in " ".join(
+                child.cmdline()
+            ):
                 found.append(child)
         except psutil.Error:
             pass
@@ -114,7 +116,7 @@ def test_a_fork_server_that_died_is_started_again(sandbox: ModelSandbox, tmp_pat
 
 def test_a_model_nested_past_the_recursion_limit_gets_a_typed_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """Python's raw "maximum recursion depth exceeded while calling a Python object" is not a reason."""
-    from tuner import sandbox_child
+    from tuner.isolation import sandbox_child
 
     def nests_forever(**_args: Any) -> Any:
         return nests_forever()

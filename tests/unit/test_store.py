@@ -24,7 +24,7 @@ from tuner.entities import (
 from tuner.errors import Conflict, NotFound, SchemaOutdated
 from tuner.settings import Settings
 from tuner.store import Store, alembic_config
-from tuner.store.models import Base, ModelRow, utcnow
+from tuner.store.orm import Base, ModelRow, utcnow
 from tuner.store.sql import normalize_url
 
 TARGET = "llvm -mcpu=znver4 -num-cores=2"

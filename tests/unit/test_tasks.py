@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from kiln_tvm import relax
+from tuner.entities import PlanningOptions
 from tuner.frontend import load_model
+from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
 
 CNN = Path(__file__).resolve().parents[2] / "examples" / "small_cnn.onnx"
 
@@ -43,7 +44,9 @@ def test_cpu_plan_converts_convolutions_to_nhwc_and_fuses_batch_norm() -> None:
 def test_nchw_keeps_the_model_layout() -> None:
     imported = load_model(CNN)
     plan = plan_graph(
-        imported.mod, to_tvm_target(host_target()), weight_prepack=False, cpu_conv_layout="NCHW"
+        imported.mod,
+        to_tvm_target(host_target()),
+        PlanningOptions(weight_prepack=False, cpu_conv_layout="NCHW"),
     )
 
     assert _conv_layouts(plan.prepared) == {"NCHW"}

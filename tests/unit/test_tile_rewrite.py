@@ -8,8 +8,8 @@ import pytest
 
 from kiln_tvm import ms, relax
 from tuner.compile import LoadedModel, build_tuned
+from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tasks import plan_graph
 
 TARGET = to_tvm_target(host_target())
 

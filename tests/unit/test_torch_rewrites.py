@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.models import save_torch_program
+from tests.model_builders import save_torch_program
 from tuner.compile import LoadedModel, build_untuned
 from tuner.frontend import load_model
 from tuner.targets import host_target, to_tvm_target

@@ -11,7 +11,7 @@ import pytest
 from kiln_tvm import relax, tvm
 from schedules.vnni import VNNI_BLOCK, vnni_lanes
 from tests.schedule_candidates import sampled_candidates
-from tuner.quant.vnni import (
+from tuner.passes.int8_packing import (
     VnniReport,
     conv2d_kernel,
     matmul_kernel,

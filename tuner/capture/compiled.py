@@ -18,10 +18,10 @@ from tuner.compile import LoadedModel, build_tuned
 from tuner.entities import JobStatus
 from tuner.frontend.torch import convert_program, decompose_program
 from tuner.metaschedule.database import KilnDatabase
+from tuner.passes.plan import GraphPlan, plan_graph
 from tuner.schedule_choice import KernelChoice, ScheduleSource, choose_schedules
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, is_host_cpu, resolve_target, to_tvm_target
-from tuner.tasks import GraphPlan, plan_graph
 
 log = logging.getLogger("kiln.capture")
 
@@ -107,9 +107,7 @@ class CompiledGraph:
             self.plan = plan_graph(
                 self.mod,
                 self.tvm_target,
-                settings.weight_prepack,
-                settings.cpu_conv_layout,
-                settings.fast_math,
+                settings.planning_options(),
             )
         store = self._store_factory()
         database = KilnDatabase(store, self.target_key, owner=settings.record_scope(self.options.owner))

@@ -53,7 +53,7 @@ def read_signature(path: Path) -> ModelSignature:
 
 def warm_up() -> None:
     """Load TVM, its importers and Kiln's graph passes now, so that the first model is quick."""
-    import tuner.tasks  # noqa: F401
+    import tuner.passes.plan  # noqa: F401
 
     tvm_frontends().onnx_importer()
     try:

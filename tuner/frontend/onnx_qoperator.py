@@ -5,7 +5,7 @@ as QOperator nodes that take and return integers (``QLinearConv``, ``QLinearMatM
 and in its ``com.microsoft`` domain ``QGemm``, ``QLinearAdd``, ``QLinearGlobalAveragePool``...). TVM's
 importer knows only the first form, so each QOperator node becomes the QDQ nodes with the meaning ONNX
 gives it: dequantize its inputs, run the float operator, quantize its output. Kiln's Relax pass
-(:mod:`tuner.quant.qdq`) then computes the convolutions and matmuls in integers again.
+(:mod:`tuner.passes.qdq_lowering`) then computes the convolutions and matmuls in integers again.
 
 ``ConvInteger`` (int32 out, no output scale) becomes a convolution of its inputs widened to int32 minus
 their zero points, which the importer takes and which is exact.

@@ -9,7 +9,7 @@ expansions); once the input shapes are fixed every such value is a constant. onn
 optimizer at its basic level (already a dependency: it is the peer a job is measured against) folds them:
 its constant folding evaluates every node whose inputs are constants, ``Shape`` of a tensor of static
 shape included, and removes identities and dropouts. Its other rewrites are turned off
-(:data:`_NOT_FOLDING`): Kiln lowers QDQ pairs itself (:mod:`tuner.quant.qdq`) and fuses operators itself.
+(:data:`_NOT_FOLDING`): Kiln lowers QDQ pairs itself (:mod:`tuner.passes.qdq_lowering`) and fuses operators itself.
 The weights stay out of onnxruntime's copy (:func:`skeleton`): they are graph inputs there, so it neither
 copies nor folds them.
 

@@ -23,9 +23,9 @@ from tuner.frontend.imported import (
     static_int,
     tvm_frontends,
 )
+from tuner.frontend.pt2_archive import check_archive, check_pickled_members, force_weights_only_load
 from tuner.frontend.shapes import format_shape, resolve_input_shapes
 from tuner.frontend.torch_rewrites import drop_empty_cat_operands
-from tuner.pt2_archive import check_archive, check_pickled_members, force_weights_only_load
 
 if TYPE_CHECKING:
     from kiln_tvm import tvm
@@ -51,7 +51,7 @@ def import_torch() -> ModuleType:
 
 
 def load_program(torch: ModuleType, path: Path, max_unpacked_bytes: int) -> Any:
-    """``torch.export.load`` of an archive that passed :mod:`tuner.pt2_archive`'s checks, pickle disabled."""
+    """``torch.export.load`` of an archive that passed :mod:`tuner.frontend.pt2_archive`'s checks, pickle disabled."""
     check_archive(path, max_unpacked_bytes)
     check_pickled_members(torch, path)
     try:

@@ -18,7 +18,7 @@ has (its seeds, default schedules, an earlier job's records) and only visits, in
 none.
 
 A task stops being searched when its best is within :data:`ROOFLINE_STOP` of its roofline (nothing left
-to find), or when its default schedule (measured before the search, :mod:`tuner.metaschedule.defaults`)
+to find), or when its default schedule (measured before the search, :mod:`tuner.metaschedule.measured_seeds`)
 is at least as fast as the best of its first searched batch (the rule serves it).
 """
 

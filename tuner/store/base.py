@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.errors import Conflict, NotFound, SchemaOutdated
 from tuner.store.engine import SQLITE_BEGIN, alembic_config, create_engine
-from tuner.store.models import Base, JobRow, ModelRow, TuningRecordRow
+from tuner.store.orm import Base, JobRow, ModelRow, TuningRecordRow
 
 if TYPE_CHECKING:
     from tuner.settings import Settings

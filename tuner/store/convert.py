@@ -18,7 +18,7 @@ from tuner.entities import (
     Record,
     Task,
 )
-from tuner.store.models import (
+from tuner.store.orm import (
     FAILED_RUN_SEC,
     VALID_RUN_SEC_LIMIT,
     ArtifactRow,

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 
 from tuner.entities import StoredCostModel
 from tuner.store.base import StoreBase
-from tuner.store.models import CostModelRow, utcnow
+from tuner.store.orm import CostModelRow, utcnow
 
 
 class CostModelQueries(StoreBase):

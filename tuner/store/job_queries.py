@@ -14,7 +14,7 @@ from tuner.entities import AccuracyReport, Artifact, IrLevel, Job, JobSpec, JobS
 from tuner.errors import Conflict, NotFound
 from tuner.store.base import StoreBase, rowcount
 from tuner.store.convert import artifact_entity, job_entity
-from tuner.store.models import ArtifactRow, JobIrLevelRow, JobRow, TaskRow, utcnow
+from tuner.store.orm import ArtifactRow, JobIrLevelRow, JobRow, TaskRow, utcnow
 
 
 class JobQueries(StoreBase):

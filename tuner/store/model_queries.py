@@ -19,7 +19,7 @@ from tuner.entities import (
 from tuner.errors import Conflict
 from tuner.store.base import StoreBase
 from tuner.store.convert import model_entity
-from tuner.store.models import ModelPlanRow, ModelRow
+from tuner.store.orm import ModelPlanRow, ModelRow
 
 
 class ModelQueries(StoreBase):

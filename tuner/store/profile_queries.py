@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from tuner.entities import MachineLimits, ModelProfile
 from tuner.errors import NotFound
 from tuner.store.base import StoreBase
-from tuner.store.models import JobProfileRow, MachineLimitsRow, utcnow
+from tuner.store.orm import JobProfileRow, MachineLimitsRow, utcnow
 
 _LIMIT_COLUMNS = ("host", "measured_at")
 

@@ -14,7 +14,7 @@ from tuner.entities import Job, JobStatus
 from tuner.errors import Conflict
 from tuner.store.base import StoreBase, rowcount
 from tuner.store.convert import job_entity
-from tuner.store.models import VALID_RUN_SEC_LIMIT, JobRow, TuningRecordRow, utcnow
+from tuner.store.orm import VALID_RUN_SEC_LIMIT, JobRow, TuningRecordRow, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from tuner.entities import (
 from tuner.errors import NotFound
 from tuner.store.base import StoreBase, of_owner
 from tuner.store.convert import is_valid, mean_run_sec, record_entity, task_entity
-from tuner.store.models import VALID_RUN_SEC_LIMIT, TaskRow, TuningRecordRow, WorkloadRow
+from tuner.store.orm import VALID_RUN_SEC_LIMIT, TaskRow, TuningRecordRow, WorkloadRow
 
 
 class RecordQueries(StoreBase):

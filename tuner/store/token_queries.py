@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from tuner.entities import ApiToken
 from tuner.errors import NotFound
 from tuner.store.base import StoreBase, rowcount
-from tuner.store.models import ApiTokenRow
+from tuner.store.orm import ApiTokenRow
 
 
 class TokenQueries(StoreBase):

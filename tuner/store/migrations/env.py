@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from tuner.store.models import Base
+from tuner.store.orm import Base
 
 target_metadata = Base.metadata
 

@@ -17,7 +17,7 @@ down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# Frozen copies of the column types as of this revision (never import them from tuner.store.models,
+# Frozen copies of the column types as of this revision (never import them from tuner.store.orm,
 # which moves on with later revisions).
 UTC = sa.DateTime(timezone=True)
 RECORD_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

@@ -1,0 +1,97 @@
+"""The REST API's request and response bodies (pydantic), built from the core's entities; one module per
+resource, all of them importable from here."""
+
+from __future__ import annotations
+
+from service.schemas.common import (
+    MAX_INPUTS,
+    MAX_RANK,
+    MAX_TARGET_KEYS,
+    MAX_TIME_BUDGET_S,
+    EntityOut,
+    ErrorDetail,
+    ErrorOut,
+)
+from service.schemas.job import (
+    AccuracyOut,
+    JobIn,
+    JobOut,
+    JobPage,
+    LatencyReportOut,
+    LocalRunner,
+    OutputAccuracyOut,
+    ProgressOut,
+    RPCRunner,
+    Runner,
+    TaskOut,
+    TimingOut,
+)
+from service.schemas.model import (
+    BoundInputOut,
+    FusionOut,
+    KeptFloatOut,
+    ModelOut,
+    ModelTasksOut,
+    TaskPreviewOut,
+    TensorOut,
+)
+from service.schemas.profile import KernelProfileOut, MachineLimitsOut, OnnxruntimeNodeOut, ProfileOut
+from service.schemas.system import DeviceOut, DevicesOut, HealthOut
+from service.schemas.views import (
+    BestOut,
+    CurveOut,
+    CurvePoint,
+    GraphOut,
+    InstructionMixOut,
+    IrLevelOut,
+    IrLevelTextOut,
+    JobCurveOut,
+    JobCurvePoint,
+    KernelAssemblyOut,
+)
+
+__all__ = [
+    "AccuracyOut",
+    "BestOut",
+    "BoundInputOut",
+    "CurveOut",
+    "CurvePoint",
+    "DeviceOut",
+    "DevicesOut",
+    "EntityOut",
+    "ErrorDetail",
+    "ErrorOut",
+    "FusionOut",
+    "GraphOut",
+    "HealthOut",
+    "InstructionMixOut",
+    "IrLevelOut",
+    "IrLevelTextOut",
+    "JobCurveOut",
+    "JobCurvePoint",
+    "JobIn",
+    "JobOut",
+    "JobPage",
+    "KeptFloatOut",
+    "KernelAssemblyOut",
+    "KernelProfileOut",
+    "LatencyReportOut",
+    "LocalRunner",
+    "MAX_INPUTS",
+    "MAX_RANK",
+    "MAX_TARGET_KEYS",
+    "MAX_TIME_BUDGET_S",
+    "MachineLimitsOut",
+    "ModelOut",
+    "ModelTasksOut",
+    "OnnxruntimeNodeOut",
+    "OutputAccuracyOut",
+    "ProfileOut",
+    "ProgressOut",
+    "RPCRunner",
+    "Runner",
+    "TaskOut",
+    "TaskPreviewOut",
+    "TensorOut",
+    "TimingOut",
+]

@@ -1,0 +1,80 @@
+"""Kiln's domain objects, plain frozen dataclasses and enums shared by every layer; one module per
+concern, all of them importable from here."""
+
+from __future__ import annotations
+
+from tuner.entities.access import ApiToken
+from tuner.entities.job import (
+    DEFAULT_TRIALS,
+    Artifact,
+    Job,
+    JobSpec,
+    JobStatus,
+    RunnerSpec,
+    Task,
+    trial_budget,
+    trials_shortfall,
+)
+from tuner.entities.model import BoundInput, Dim, ModelFormat, ModelInfo, ModelSignature, TensorSpec
+from tuner.entities.outcome import AccuracyReport, LatencyReport, OutputAccuracy, Timing
+from tuner.entities.plan import (
+    FusionSummary,
+    IrLevel,
+    KeptFloat,
+    ModelPlan,
+    PlanError,
+    PlanningOptions,
+    TaskInfo,
+)
+from tuner.entities.profile import KernelAssembly, KernelProfile, MachineLimits, ModelProfile, OnnxruntimeNode
+from tuner.entities.record import (
+    BestRecord,
+    NewRecord,
+    Record,
+    StoredCostModel,
+    StoredRecord,
+    StoredWorkload,
+    TimelineEntry,
+)
+
+__all__ = [
+    "AccuracyReport",
+    "ApiToken",
+    "Artifact",
+    "BestRecord",
+    "BoundInput",
+    "DEFAULT_TRIALS",
+    "Dim",
+    "FusionSummary",
+    "IrLevel",
+    "Job",
+    "JobSpec",
+    "JobStatus",
+    "KeptFloat",
+    "KernelAssembly",
+    "KernelProfile",
+    "LatencyReport",
+    "MachineLimits",
+    "ModelFormat",
+    "ModelInfo",
+    "ModelPlan",
+    "ModelProfile",
+    "ModelSignature",
+    "NewRecord",
+    "OnnxruntimeNode",
+    "OutputAccuracy",
+    "PlanError",
+    "PlanningOptions",
+    "Record",
+    "RunnerSpec",
+    "StoredCostModel",
+    "StoredRecord",
+    "StoredWorkload",
+    "Task",
+    "TaskInfo",
+    "TensorSpec",
+    "TimelineEntry",
+    "Timing",
+    "trial_budget",
+    "trials_shortfall",
+]

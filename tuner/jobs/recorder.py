@@ -1,0 +1,192 @@
+"""What a running job writes: its stage, its tasks' trials and bests, its progress, its heartbeat and its
+end, each passed on to a listener as it is stored.
+
+One :class:`JobRecorder` per run holds all of it, so the pipeline in :mod:`tuner.jobs.pipeline` says what happened
+and never how it is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from tuner.entities import AccuracyReport, Artifact, FusionSummary, JobStatus, Task
+from tuner.errors import Conflict
+from tuner.store.orm import utcnow
+
+if TYPE_CHECKING:
+    from tuner.metaschedule.callback import TrialBatch
+    from tuner.store.sql import Store
+    from tuner.timing.verify import Latencies
+
+log = logging.getLogger(__name__)
+
+
+class JobListener(Protocol):
+    """Receives a job's progress (the CLI draws it; the service streams it from the store)."""
+
+    def stage(self, name: str) -> None: ...
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None: ...
+
+    def tuning(self, clock: TuningClock) -> None:
+        """Tuning begins; ``clock`` says how long it has run and how much of its time budget is left."""
+        ...
+
+    def measured(self, task: Task, trials_done: int, trials_total: int) -> None: ...
+
+
+class _LogListener:
+    def stage(self, name: str) -> None:
+        log.info("job stage: %s", name)
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
+        pass
+
+    def tuning(self, clock: TuningClock) -> None:
+        if clock.budget_s is not None:
+            log.info("time budget: %.0f s, %.0f s left", clock.budget_s, clock.remaining_s())
+
+    def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
+        pass
+
+
+class JobRecorder:
+    """Records one run of a job in the store and tells its listener."""
+
+    def __init__(self, store: Store, job_id: str, listener: JobListener | None = None) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.listener: JobListener = listener or _LogListener()
+        self.tasks: list[Task] = []
+        self.trials_total = 0
+        self.trials_done = 0
+        self.clock: TuningClock | None = None
+        self.current_stage: str | None = None
+
+    def stage(self, name: str) -> None:
+        """The job moved on to ``name`` (importing, tuning, compiling...)."""
+        self.current_stage = name
+        self.store.set_job_stage(self.job_id, name)
+        self.listener.stage(name)
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
+        """The job's tasks are known; trials they already have (a resumed job) count as done."""
+        self.tasks = list(tasks)
+        self.trials_total = trials_total
+        self.trials_done = sum(t.trials for t in tasks)
+        self.store.update_job_progress(self.job_id, self.trials_done, trials_total)
+        self.listener.planned(list(tasks), fusion, trials_total)
+
+    def on_batch(self, batch: TrialBatch) -> None:
+        """A measured batch of one task: its trial count and best latency, and the job's progress."""
+        task = self.tasks[batch.task_index]
+        valid = [lat for lat in batch.latencies_us if lat is not None]
+        best = min([*valid, task.best_latency_us] if task.best_latency_us else valid, default=None)
+        task = self.store.update_task(
+            task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best
+        )
+        self.tasks[batch.task_index] = task
+        self.trials_done += len(batch.latencies_us)
+        self.store.update_job_progress(self.job_id, self.trials_done, self.trials_total)
+        if self.clock is not None:
+            self.store.set_tuning_time(self.job_id, self.clock.elapsed_s(), utcnow())
+        self.listener.measured(task, self.trials_done, self.trials_total)
+
+    @contextlib.contextmanager
+    def tuning(self, budget_s: float | None, spent_before_s: float) -> Iterator[TuningClock]:
+        """The tuning stage: its clock runs (and is kept in the store with every batch) inside the block."""
+        self.stage("tuning")
+        clock = TuningClock(budget_s, spent_before_s)
+        self.clock = clock
+        self.store.set_tuning_time(self.job_id, clock.elapsed_s(), utcnow())
+        self.listener.tuning(clock)
+        try:
+            yield clock
+        finally:
+            clock.stop()
+            self.clock = None
+            self.store.set_tuning_time(self.job_id, clock.elapsed_s(), None)
+
+    def artifact(self, path: str, sha256: str, size_bytes: int) -> Artifact:
+        """The packed artifact of the job."""
+        return self.store.add_artifact(self.job_id, path, sha256, size_bytes)
+
+    def succeeded(self, latency: Latencies, accuracy: AccuracyReport | None = None) -> None:
+        """The job ended well, with the end-to-end latencies it measured (if any) and, for a quantized
+        model, its accuracy against onnxruntime."""
+        self.store.finish_job(
+            self.job_id,
+            JobStatus.SUCCEEDED,
+            baseline_latency_ms=latency.untuned_ms,
+            tuned_latency_ms=latency.tuned_ms,
+            reference_latency_ms=latency.references_ms,
+            latency_report=latency.report,
+            accuracy=accuracy,
+        )
+
+    def ended(self, status: JobStatus, reason: str) -> None:
+        """The job failed or was cancelled, for ``reason``; an outcome already recorded elsewhere (its
+        worker cancelled it) is kept."""
+        with contextlib.suppress(Conflict):
+            self.store.finish_job(self.job_id, status, error=reason)
+
+    def heartbeat(self, worker: str, interval_s: float) -> Heartbeat:
+        """Keeps the job's heartbeat fresh while it runs in this process: ``with recorder.heartbeat(...)``."""
+        return Heartbeat(self.store, self.job_id, worker, interval_s)
+
+
+class TuningClock:
+    """Seconds a job has spent tuning: ``spent_before_s`` (earlier attempts) plus this run's, against an
+    optional budget."""
+
+    def __init__(self, budget_s: float | None, spent_before_s: float = 0.0) -> None:
+        self.budget_s = budget_s
+        self.spent_before_s = spent_before_s
+        self.started = time.monotonic()
+        self.stopped: float | None = None
+
+    def stop(self) -> None:
+        """Tuning ended: the clock stands still from now on."""
+        if self.stopped is None:
+            self.stopped = time.monotonic()
+
+    def elapsed_s(self) -> float:
+        end = self.stopped if self.stopped is not None else time.monotonic()
+        return self.spent_before_s + end - self.started
+
+    def remaining_s(self) -> float | None:
+        """Seconds left of the budget (can be negative), or None without a time budget."""
+        return None if self.budget_s is None else self.budget_s - self.elapsed_s()
+
+
+class Heartbeat:
+    """Keeps a running job's heartbeat fresh from a background thread (``with Heartbeat(...):``).
+
+    Without it, a worker elsewhere would take the job for abandoned and requeue it.
+    """
+
+    def __init__(self, store: Store, job_id: str, worker: str, interval_s: float) -> None:
+        self.store, self.job_id, self.worker, self.interval_s = store, job_id, worker, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id[:8]}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if self.store.heartbeat(self.job_id, self.worker) is None:
+                    return
+            except Exception:  # a database hiccup must not kill the job; the next beat retries
+                log.exception("heartbeat of job %s failed", self.job_id)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,328 @@
+"""Workers: claim queued jobs, run each in a child process, heartbeat, record the outcome.
+
+One worker runs one job at a time. The job's tuning runs in a child process (spawned, in its own process
+group, killed with its parent), so a kernel that crashes or hangs takes down only that child: the worker
+records a readable error and takes the next job. A worker that dies stops heartbeating; any other worker
+then requeues its job, which resumes from the records already in the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from forkserver import ForkedProcess, shared_fork_server
+from tuner.entities import Job, JobStatus
+from tuner.errors import Conflict, KilnError
+from tuner.jobs.failures import CRASH_REPORT, crash_report_path
+from tuner.jobs.limits import JobLimits, JobWatch
+from tuner.settings import Settings
+from tuner.store.sql import Store
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+# The longest a supervising worker goes without looking at its job (cancel requests, lost ownership).
+_SUPERVISE_POLL_S = 1.0
+# How long a tuning process that recorded its job's outcome may take to exit before it is killed.
+_FINISHED_EXIT_S = 30.0
+
+_SIGNAL_HINTS = {
+    signal.SIGSEGV: "segmentation fault",
+    signal.SIGBUS: "bus error",
+    signal.SIGILL: "illegal instruction",
+    signal.SIGFPE: "arithmetic fault",
+    signal.SIGABRT: "aborted",
+    signal.SIGKILL: "killed; out of memory?",
+}
+
+
+def default_worker_name(suffix: str = "") -> str:
+    """``host:pid`` (plus a suffix for several workers in one process): where to look for a job's worker."""
+    return f"{socket.gethostname()}:{os.getpid()}{suffix}"
+
+
+def describe_exit(exitcode: int | None, stage: str | None, crash_report: Path | None = None) -> str:
+    """A readable reason for a tuning process that ended without recording its job's outcome."""
+    during = f" while {stage}" if stage else ""
+    if exitcode is not None and exitcode < 0:
+        sig = signal.Signals(-exitcode)
+        hint = _SIGNAL_HINTS.get(sig)
+        what = f"{sig.name} ({hint})" if hint else sig.name
+        stacks = ""
+        if crash_report is not None and crash_report.is_file() and crash_report.stat().st_size > 0:
+            stacks = (
+                f" (the stacks of its threads are in {CRASH_REPORT} in the job's directory on the worker)"
+            )
+        return (
+            f"the tuning process was killed by {what}{during}{stacks}; the worker is unaffected and the "
+            "records measured before were kept"
+        )
+    return f"the tuning process exited with code {exitcode}{during} without recording an outcome"
+
+
+class Worker:
+    """Takes jobs from the queue one at a time until :meth:`stop` is called."""
+
+    def __init__(self, settings: Settings, name: str | None = None, store: Store | None = None) -> None:
+        self.settings = settings
+        self.name = name or default_worker_name()
+        self.store = store or Store.from_settings(settings)
+        self._stop = threading.Event()
+        self.child_pid: int | None = None  # the running job's tuning process, if any
+
+    def stop(self) -> None:
+        """Ask the worker to stop; a job it is running goes back to the queue."""
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        """Serve jobs until stopped; database errors are logged and retried, never fatal."""
+        log.info("worker %s serving jobs", self.name)
+        while not self._stop.is_set():
+            try:
+                job = self.run_once()
+            except Exception:
+                log.exception("worker %s: unexpected error; retrying", self.name)
+                job = None
+            if job is None:
+                self._stop.wait(self.settings.poll_interval_s)
+        log.info("worker %s stopped", self.name)
+
+    def run_once(self) -> Job | None:
+        """Requeue abandoned jobs, then claim one and run it to its end. Returns it, or None if idle."""
+        for job in self.store.requeue_stale(self.settings.stale_after_s, self.settings.max_attempts):
+            log.warning("job %s whose worker was lost is now %s", job.id, job.status.value)
+        job = self.store.claim_job(self.name)
+        if job is None:
+            return None
+        log.info("worker %s runs job %s (attempt %d)", self.name, job.id, job.attempts)
+        try:
+            self._supervise(job)
+        finally:
+            self.child_pid = None
+        return self.store.get_job(job.id)
+
+    def _supervise(self, job: Job) -> None:
+        # Forked from the job fork server (not from this process: it may be a threaded web server, and
+        # TVM is not fork-safe once it has run anything), in its own session so that killing its group
+        # also stops its builders and runners.
+        child = _start_tuning_process(job.id, self.name, self.settings)
+        self.child_pid = child.pid
+        watch = JobWatch(JobLimits.from_settings(self.settings), child.pid, job.spec.time_budget_s)
+        stage = job.stage
+        outcome = "exited"
+        limit_reason: str | None = None
+        cancel_deadline: float | None = None
+        next_beat = 0.0
+        try:
+            while True:
+                try:
+                    child.wait(timeout=_SUPERVISE_POLL_S / 4)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if self._stop.is_set():
+                    outcome = "released"
+                    break
+                if now >= next_beat:
+                    next_beat = now + min(_SUPERVISE_POLL_S, self.settings.heartbeat_s)
+                    current = self._beat(job.id)
+                    if current is False:
+                        if self.store.get_job(job.id).status.finished:
+                            with contextlib.suppress(subprocess.TimeoutExpired):
+                                child.wait(timeout=_FINISHED_EXIT_S)  # the job is done; let it exit
+                            break
+                        outcome = "lost"  # requeued by another worker meanwhile
+                        break
+                    if current is not None:
+                        stage = current.stage
+                        if current.cancel_requested and cancel_deadline is None:
+                            log.info("job %s: cancel requested; stopping its tuning process", job.id)
+                            cancel_deadline = now + self.settings.cancel_grace_s
+                limit_reason = watch.check(stage)
+                if limit_reason is not None:
+                    outcome = "limit"
+                    break
+                if cancel_deadline is not None and now >= cancel_deadline:
+                    outcome = "cancelled"
+                    break
+        finally:
+            _kill_process_group(child)
+        if limit_reason is not None:
+            log.warning("job %s stopped at a limit: %s", job.id, limit_reason)
+        self._record_outcome(job, child.returncode, outcome, limit_reason)
+
+    def _beat(self, job_id: str) -> Job | bool | None:
+        """The job after a heartbeat; False when it is no longer ours; None on a database error."""
+        try:
+            current = self.store.heartbeat(job_id, self.name)
+        except Exception:
+            log.exception("heartbeat of job %s failed; retrying", job_id)
+            return None
+        return False if current is None else current
+
+    def _record_outcome(
+        self, job: Job, exitcode: int | None, outcome: str, limit_reason: str | None = None
+    ) -> None:
+        if outcome == "lost":
+            log.warning("job %s was taken from worker %s; its tuning process was stopped", job.id, self.name)
+            return
+        if outcome == "released" and self.store.release_job(job.id, self.name):
+            log.info("worker %s handed job %s back to the queue", self.name, job.id)
+            return
+        current = self.store.get_job(job.id)
+        if current.status is not JobStatus.RUNNING:
+            return  # the tuning process recorded the outcome itself
+        trials = self.store.count_records(job_id=job.id)
+        if limit_reason is not None:
+            status, error = JobStatus.FAILED, limit_reason
+        elif outcome == "cancelled" or current.cancel_requested:
+            status = JobStatus.CANCELLED
+            error = f"cancelled by the user; the {trials} records measured so far were kept"
+        else:
+            status = JobStatus.FAILED
+            error = describe_exit(exitcode, current.stage, crash_report_path(self.settings.jobs_dir, job.id))
+        with contextlib.suppress(Conflict):
+            self.store.finish_job(job.id, status, error=error)
+
+
+class WorkerPool:
+    """The workers embedded in a server process, each on its own thread."""
+
+    def __init__(self, settings: Settings, count: int, store: Store | None = None) -> None:
+        self.workers = [Worker(settings, default_worker_name(f"-{i}"), store) for i in range(count)]
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start every worker thread."""
+        for worker in self.workers:
+            thread = threading.Thread(target=worker.run_forever, name=f"kiln-{worker.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop every worker; their running jobs go back to the queue."""
+        for worker in self.workers:
+            worker.stop()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def stop_on_signals(stop: Callable[[], None]) -> None:
+    """Call ``stop`` on SIGTERM and SIGINT (a standalone worker hands its job back, then exits)."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.warning("received %s: handing the current job back and stopping", signal.Signals(signum).name)
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _kill_process_group(child: ForkedProcess) -> None:
+    """Kill a tuning process and everything it started (builders, runners)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+# ---- the tuning process ------------------------------------------------------------------------------
+
+
+class _StopCheck:
+    """``should_stop`` of a job's tuning: true once the job is cancelled or no longer this worker's."""
+
+    def __init__(self, store: Store, job_id: str, worker: str, every_s: float = 1.0) -> None:
+        self.store, self.job_id, self.worker, self.every_s = store, job_id, worker, every_s
+        self._checked_at = 0.0
+        self._stop = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._stop and now - self._checked_at >= self.every_s:
+            self._checked_at = now
+            try:
+                job = self.store.get_job(self.job_id)
+            except Exception:
+                return False
+            self._stop = (
+                job.cancel_requested or job.status is not JobStatus.RUNNING or job.worker != self.worker
+            )
+        return self._stop
+
+
+def _die_with_parent() -> None:
+    # If the worker is killed (even with SIGKILL), the kernel kills this process too.
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _start_tuning_process(job_id: str, worker: str, settings: Settings) -> ForkedProcess:
+    """A job's tuning process, forked from this process's job fork server; the job is sent on stdin."""
+    stdin_r, stdin_w = os.pipe()
+    try:
+        child = shared_fork_server("tuner.jobs.worker").spawn([stdin_r, 1, 2], dict(os.environ))
+    finally:
+        os.close(stdin_r)
+    with os.fdopen(stdin_w, "wb") as stdin:
+        request = {"job_id": job_id, "worker": worker, "settings": settings.model_dump_json()}
+        stdin.write(json.dumps(request).encode())
+    return child
+
+
+def _preload() -> None:
+    import tuner.isolation.fatal_signals  # noqa: F401
+    import tuner.jobs.pipeline  # noqa: F401 - TVM, the importers, the tuner: loaded once, before any fork
+
+
+def _child_main() -> None:
+    """A job's tuning process (forked by the job fork server; the job and settings on stdin)."""
+    request = json.loads(sys.stdin.read())
+    job_id, worker = request["job_id"], request["worker"]
+    _die_with_parent()  # the fork server, which exits with the worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the worker, which decides
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from tuner.isolation.fatal_signals import report_fatal_signals
+    from tuner.jobs.pipeline import execute_job
+
+    settings = Settings.model_validate_json(request["settings"])
+    crash_report = crash_report_path(settings.jobs_dir, job_id)
+    crash_report.parent.mkdir(parents=True, exist_ok=True)
+    report_fatal_signals(crash_report.open("a"))  # open for the life of the process
+    store = Store.from_settings(settings)
+    try:
+        job = store.get_job(job_id)
+        execute_job(store, settings, job, should_stop=_StopCheck(store, job_id, worker))
+    except KilnError as exc:
+        log.info("job %s ended: %s", job_id, exc.message)  # already recorded on the job
+    finally:
+        store.dispose()
+    os._exit(0)
+
+
+def main() -> None:
+    """``python -m tuner.jobs.worker --fork-server FD``: the job fork server."""
+    from forkserver import serve_main
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve_main("tuner.jobs.worker", _preload, _child_main)
+
+
+if __name__ == "__main__":
+    main()

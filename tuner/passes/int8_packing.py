@@ -1,0 +1,254 @@
+"""Integer matmuls and convolutions rewritten for x86's VNNI dot product, over weights packed at compile time.
+
+After :mod:`tuner.passes.qdq_lowering`, layout conversion and constant folding, a quantized layer's core is
+
+    matmul(x_u8[..., K], W_s8[K, N], out_dtype=int32)            or
+    conv2d(x_u8 NHWC, W_s8 OHWI, groups=1, out_dtype=int32)
+
+with ``W`` a constant. ``vpdpbusd`` multiplies 4 consecutive u8 inputs by a 16 x 4 block of s8 weights
+(64 contiguous bytes: 16 output channels, 4 reduction elements each) into 16 int32 sums. This pass replaces
+each core whose output channels are a multiple of 16 and whose reduction is a multiple of 4 by a TE kernel
+reading the weight packed in that order once, here (on AVX-VNNI CPUs without AVX-512, 8 channels for
+the 256-bit ``vpdpbusd ymm`` instead of 16):
+
+    matmul: Wp[N/16, K/4, 16, 4]          Wp[n // 16, k // 4, n % 16, k % 4] = W[k, n]
+    conv2d: Wp[O/16, KH, KW, C/4, 16, 4]  Wp[o // 16, kh, kw, c // 4, o % 16, c % 4] = W[o, kh, kw, c]
+
+The NHWC input gives the 4 consecutive channels and the NHWC output the 16 consecutive channels the
+instruction reads and writes. Each kernel's block is marked :data:`schedules.vnni.VNNI_BLOCK`, the only
+blocks the cpu spaces tensorize. The others (a first convolution over 3 channels, a grouped one) keep
+their integer kernels and plain tiling. The kernels take their pair and accumulation type from the caller:
+the bf16 pass (:mod:`tuner.passes.bf16_packing`) emits its ``vdpbf16ps`` matmuls and convolutions with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kiln_tvm import relax, s_tir, tvm
+from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_LANES
+from schedules.vnni import VNNI_BLOCK, has_packed_block
+from tuner.passes.qdq_lowering import describe_core
+from tuner.passes.rewrite import rewrite_functions
+
+te = tvm.te
+_Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
+
+
+@dataclass
+class VnniReport:
+    """What the pass did: the cores now on VNNI kernels, and the integer cores left as they were (why)."""
+
+    packed: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
+    unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: 3 input channels ..."
+    #: Each packed matmul's (rows, columns, reduction), by its description in ``packed``.
+    matmul_extents: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: Output lanes of the kernels' VNNI product (16: ``vpdpbusd zmm``, AVX512-VNNI; 8: ``ymm``, AVX-VNNI).
+    lanes: int = VNNI_LANES
+
+
+def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
+    """A module pass putting the integer matmuls and NHWC convolutions it can serve on VNNI kernels of
+    the report's ``lanes``; it records what it did in ``report``."""
+    sink = report if report is not None else VnniReport()
+
+    @tvm.transform.module_pass(opt_level=0, name="KilnPackForVNNI")
+    def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        return relax.transform.DeadCodeElimination()(rewrite_functions(_VnniMutator(mod, sink, sink.lanes)))
+
+    return rewrite
+
+
+def keep_packed_layouts(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the packed kernels' weights (VNNI, AMX-BF16) no longer marked layout-free: they are packed already, in
+    the layout the tensor intrinsic reads, which MetaSchedule's layout rewriting must not change."""
+    for gvar, func in list(mod.functions.items()):
+        marked = isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "layout_free_buffers" in func.attrs
+        if marked and has_packed_block(func):
+            mod[gvar] = func.without_attr("layout_free_buffers")
+    return mod
+
+
+def pack_matmul_weight(weight: np.ndarray, pair: int = VNNI_DEPTH, lanes: int = VNNI_LANES) -> np.ndarray:
+    """``W[K, N]`` -> ``Wp[N/lanes, K/pair, lanes, pair]`` (VNNI and AMX int8: pair 4; AMX bf16: 2)."""
+    k, n = weight.shape
+    return np.ascontiguousarray(weight.reshape(k // pair, pair, n // lanes, lanes).transpose(2, 0, 3, 1))
+
+
+def pack_conv_weight(weight: np.ndarray, lanes: int = VNNI_LANES, pair: int = VNNI_DEPTH) -> np.ndarray:
+    """``W[O, KH, KW, C]`` (OHWI) -> ``Wp[O/lanes, KH, KW, C/pair, lanes, pair]`` (VNNI: pair 4; bf16: 2)."""
+    o, kh, kw, c = weight.shape
+    blocked = weight.reshape(o // lanes, lanes, kh, kw, c // pair, pair)
+    return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1, 5))
+
+
+def matmul_kernel(x: Any, packed: Any, dtype: str = "int32", name: str = "vnni_matmul") -> Any:
+    """``out[..., n] = sum_k dtype(x[..., k]) * dtype(Wp[n // L, k // P, n % L, k % P])``, ``L`` and ``P``
+    the packed weight's lanes and pair (its last two dimensions), its block ``name``."""
+    reduce = te.reduce_axis((0, x.shape[-1]), name="k")
+    lanes, pair = (int(d) for d in packed.shape[2:])
+    channels = packed.shape[0] * lanes
+
+    def body(*index: Any) -> Any:
+        *outer, n = index
+        w = packed[n // lanes, reduce // pair, n % lanes, reduce % pair]
+        return te.sum(x[(*outer, reduce)].astype(dtype) * w.astype(dtype), axis=reduce)
+
+    return te.compute((*x.shape[:-1], channels), body, name=name)
+
+
+def conv2d_kernel(
+    x: Any,
+    packed: Any,
+    strides: tuple[int, int],
+    dilation: tuple[int, int],
+    dtype: str = "int32",
+    name: str = "vnni_conv2d",
+) -> Any:
+    """NHWC ``out[b, h, w, o] = sum dtype(x[b, h*sh + i*dh, w*sw + j*dw, c]) * dtype(Wp[o // L, i, j, c // P,
+    o % L, c % P])`` over the window (``i``, ``j``) and the channels ``c``, ``L`` and ``P`` the packed
+    weight's lanes and pair (its last two dimensions), of an input padded already:
+    a padding stage in the kernel would be inlined into the products, which then no longer match the
+    intrinsic."""
+    batch, height, width, channels = (int(d) for d in x.shape)
+    blocks, kh, kw = (int(d) for d in packed.shape[:3])
+    lanes, pair = (int(d) for d in packed.shape[4:])
+    (sh, sw), (dh, dw) = strides, dilation
+    out_h = (height - (kh - 1) * dh - 1) // sh + 1
+    out_w = (width - (kw - 1) * dw - 1) // sw + 1
+    ri = te.reduce_axis((0, kh), name="ri")
+    rj = te.reduce_axis((0, kw), name="rj")
+    rc = te.reduce_axis((0, channels), name="rc")
+
+    def body(b: Any, h: Any, w: Any, o: Any) -> Any:
+        value = x[b, h * sh + ri * dh, w * sw + rj * dw, rc].astype(dtype)
+        weight = packed[o // lanes, ri, rj, rc // pair, o % lanes, rc % pair]
+        return te.sum(value * weight.astype(dtype), axis=[ri, rj, rc])
+
+    return te.compute((batch, out_h, out_w, blocks * lanes), body, name=name)
+
+
+def conv2d_layout_misfit(call: relax.Call) -> str | None:
+    """Why a conv2d call cannot go on a packed kernel (its layouts, its groups), or None."""
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts != ("NHWC", "OHWI", "NHWC"):
+        return f"its layouts are {'/'.join(layouts)} (NHWC/OHWI/NHWC is packed)"
+    if int(attrs.groups) != 1:
+        return f"it is grouped ({int(attrs.groups)} groups)"
+    return None
+
+
+def emit_packed_conv2d(
+    builder: relax.BlockBuilder,
+    call: relax.Call,
+    packed: relax.Expr,
+    dtype: str,
+    name: str,
+    mark: str,
+    extra_channels: int = 0,
+) -> relax.Expr:
+    """Emit the NHWC conv2d ``call`` as :func:`conv2d_kernel` over the ``packed`` weight (block ``name``
+    marked ``mark``), its input padded with zeros as the convolution pads, in a kernel of its own, and by
+    ``extra_channels`` zero channels (those the packed weight holds as zeros to fill its last pair)."""
+    attrs = call.attrs
+    strides = tuple(int(s) for s in attrs.strides)
+    dilation = tuple(int(d) for d in attrs.dilation)
+    top, left, bottom, right = (int(p) for p in attrs.padding)
+    x = call.args[0]
+    if any((top, left, bottom, right, extra_channels)):
+        widths = [0, 0, top, bottom, left, right, 0, extra_channels]
+        x = builder.emit(relax.op.nn.pad(x, widths, "constant", 0.0))
+
+    def kernel(data: Any, w: Any) -> Any:
+        return conv2d_kernel(data, w, strides, dilation, dtype, name)
+
+    return emit_marked_kernel(builder, kernel, [x, packed], name, mark)
+
+
+def emit_marked_kernel(
+    builder: relax.BlockBuilder, kernel: Any, args: list[relax.Expr], name: str, mark: str
+) -> relax.Expr:
+    """Emit the TE ``kernel`` on ``args`` as the PrimFunc ``name``, its block ``name`` annotated ``mark``
+    (the rules of :mod:`schedules` tensorize marked blocks only)."""
+    out = builder.call_te(kernel, *args, primfunc_name_hint=name)
+    gvar = out.args[0]
+    sch = s_tir.Schedule(tvm.IRModule({"main": builder.get()[gvar]}))
+    sch.annotate(sch.get_sblock(name), mark, 1)
+    builder.update_func(gvar, sch.mod["main"])
+    return out
+
+
+@relax.expr_functor.mutator
+class _VnniMutator(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, report: VnniReport, lanes: int) -> None:
+        super().__init__(mod)
+        self.report = report
+        self.lanes = lanes
+        self.matmul = tvm.ir.Op.get("relax.matmul")
+        self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not isinstance(call, relax.Call) or not _is_integer_core(call):
+            return call
+        weight = _constant(call.args[1])
+        if weight is None:
+            return call
+        if call.op.same_as(self.matmul):
+            return self._matmul(call, weight)
+        if call.op.same_as(self.conv2d):
+            return self._conv2d(call, weight)
+        return call
+
+    def _declined(self, call: relax.Call, why: str) -> relax.Call:
+        self.report.unpacked.append(f"{describe_core(call)}: {why}")
+        return call
+
+    def _matmul(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
+        if weight.ndim != 2:
+            return self._declined(call, "its weight is not a 2-D constant")
+        why = _block_misfit(weight.shape[1], weight.shape[0], "output columns", "inputs", self.lanes)
+        if why:
+            return self._declined(call, why)
+        packed = relax.const(pack_matmul_weight(weight, lanes=self.lanes), "int8")
+        x_shape = [int(d) for d in call.args[0].ty.shape]
+        rows = x_shape[-2] if len(x_shape) > 1 else 1
+        self.report.matmul_extents[describe_core(call)] = (rows, int(weight.shape[1]), int(weight.shape[0]))
+        return self._emit(call, matmul_kernel, [call.args[0], packed], "vnni_matmul")
+
+    def _conv2d(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
+        why = conv2d_layout_misfit(call) or _block_misfit(
+            weight.shape[0], weight.shape[3], "output channels", "input channels", self.lanes
+        )
+        if why:
+            return self._declined(call, why)
+        self.report.packed.append(describe_core(call))
+        packed = relax.const(pack_conv_weight(weight, self.lanes), "int8")
+        return emit_packed_conv2d(self.builder_, call, packed, "int32", "vnni_conv2d", VNNI_BLOCK)
+
+    def _emit(self, call: relax.Call, kernel: Any, args: list[relax.Expr], name: str) -> relax.Expr:
+        self.report.packed.append(describe_core(call))
+        return emit_marked_kernel(self.builder_, kernel, args, name, VNNI_BLOCK)
+
+
+def _is_integer_core(call: relax.Call) -> bool:
+    if len(call.args) < 2 or str(getattr(call.attrs, "out_dtype", "")) != "int32":
+        return False
+    x, w = (getattr(a.ty, "dtype", None) for a in call.args[:2])
+    return str(x) == "uint8" and str(w) == "int8"
+
+
+def _constant(expr: relax.Expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, _Constant) else None
+
+
+def _block_misfit(lanes: int, depth: int, lanes_name: str, depth_name: str, block: int) -> str | None:
+    if lanes % block:
+        return f"{lanes} {lanes_name} (a multiple of {block} is packed)"
+    if depth % VNNI_DEPTH:
+        return f"{depth} {depth_name} (a multiple of {VNNI_DEPTH} is packed)"
+    return None

@@ -1,0 +1,28 @@
+"""How a model's graph is rewritten before its kernels are tuned (CPU targets)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tuner.entities.plan import PlanningOptions
+
+
+class PlanningSettings(BaseModel):
+    """How a model's graph is rewritten before its kernels are tuned (CPU targets)."""
+
+    weight_prepack: bool = Field(
+        default=True, description="CPU: let tuned kernels choose the weights' layout"
+    )
+    cpu_conv_layout: Literal["NHWC", "NCHW"] = Field(
+        default="NHWC", description="CPU: layout convolutions are converted to before tuning"
+    )
+    fast_math: bool = Field(
+        default=True,
+        description="CPU: exp, erf, tanh and softmax use TVM's vectorisable approximations",
+    )
+
+    def planning_options(self, precision: str = "as-is") -> PlanningOptions:
+        """These settings as the graph passes take them, for a job under the ``precision`` policy."""
+        return PlanningOptions(self.weight_prepack, self.cpu_conv_layout, self.fast_math, precision)

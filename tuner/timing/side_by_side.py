@@ -1,0 +1,265 @@
+"""End-to-end latency of a compiled model (or of onnxruntime), timed in fresh processes, side by side.
+
+Thread pools of different runtimes (TVM, onnxruntime, XGBoost in the tuning process) keep spinning for
+a while after a call and slow each other down on a machine with few cores, so every figure Kiln reports
+is measured in a child process of its own, forked from ``python -m tuner.timing.side_by_side --fork-server FD``
+(which has imported TVM and, when installed, onnxruntime, and run nothing: no runtime's threads exist before the fork, and
+a child does not pay the seconds of loading them). A child reads ``[KIND, PATH, INPUTS_NPZ, BUDGET_S]``
+as JSON on stdin (:func:`run_child`; the same children profile a model and measure the machine's
+limits). KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an
+ONNX file). Both are timed the same way, by :func:`tuner.timing.calls.median_call_ms`. It prints one JSON
+line.
+
+:func:`interleaved_timings` times several implementations in rounds, each round running every one of
+them once in its own fresh process, in a rotated order: a transient load on the machine then shows as
+rounds that disagree instead of skewing one implementation's only figure. It also measures how much of
+the CPUs other processes used meanwhile, and says so when the figures may be off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forkserver import shared_fork_server
+from tuner.entities import LatencyReport, Timing
+from tuner.timing.calls import BUDGET_S, median_call_ms
+
+KINDS = ("tvm", "onnxruntime")
+#: Other processes using more than this share of all CPUs while timing: the figures get a warning.
+BUSY_CPU_SHARE = 0.25
+#: Rounds of one implementation that differ by more than this (max - min over median): a warning.
+DISAGREEING_SPREAD = 0.25
+
+
+def _tvm_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
+    from kiln_tvm import tvm
+    from tuner.compile import LoadedModel
+
+    return LoadedModel(tvm.runtime.load_module(path)).bound_call(inputs)
+
+
+def _onnxruntime_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    feed = {arg.name: x for arg, x in zip(session.get_inputs(), inputs, strict=True)}
+    return lambda: session.run(None, feed)
+
+
+def _child(kind: str, *args: str) -> None:
+    result = _child_result(kind, *args)
+    if kind in KINDS:
+        # A timing's CPU time, all its threads (a forked child's count starts at zero): the fork server, not
+        # the caller, is its parent, so the caller's busy check cannot count it as its own any other way.
+        times = os.times()
+        result["cpu_s"] = times.user + times.system
+    print(json.dumps(result))
+
+
+def _child_result(kind: str, *args: str) -> dict[str, Any]:
+    """What one child computes: a timing (``tvm``, ``onnxruntime``), a profile (``tvm-profile``,
+    ``onnxruntime-profile``; :mod:`tuner.timing.profile_runs`) or this machine's limits (``limits``)."""
+    if kind == "limits":
+        from tuner.timing.roofline import measure_limits
+
+        return measure_limits(json.loads(args[0])).as_dict()
+    path, inputs_npz, budget_s = args[0], args[1], float(args[2]) if len(args) > 2 else BUDGET_S
+    with np.load(inputs_npz) as data:
+        inputs = [data[f"arg{i}"] for i in range(len(data.files))]
+    if kind == "tvm-profile":
+        from tuner.timing.profile_runs import tvm_kernel_calls
+
+        return tvm_kernel_calls(path, inputs, budget_s)
+    if kind == "onnxruntime-profile":
+        from tuner.timing.profile_runs import onnxruntime_node_times
+
+        return onnxruntime_node_times(path, inputs, budget_s)
+    call = _tvm_call(path, inputs) if kind == "tvm" else _onnxruntime_call(path, inputs)
+    median_ms, calls = median_call_ms(call, budget_s)
+    return {"kind": kind, "median_ms": median_ms, "calls": calls}
+
+
+def run_child(request: list[str], timeout_s: float = 600) -> dict[str, Any]:
+    """Run one request (``[KIND, ARGS...]``, see :func:`_child_result`) in a fresh forked process and
+    return what it printed; :class:`RuntimeError` when it fails or outlives ``timeout_s``."""
+    what = request[0] if request[0] == "limits" else " ".join(Path(a).name for a in request[:2])
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        stdin_r, stdin_w = os.pipe()
+        try:
+            child = shared_fork_server("tuner.timing.side_by_side").spawn(
+                [stdin_r, out.fileno(), err.fileno()]
+            )
+        finally:
+            os.close(stdin_r)
+        with os.fdopen(stdin_w, "w") as stdin:
+            stdin.write(json.dumps(request))
+        try:
+            returncode = child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise RuntimeError(f"{what} took longer than {timeout_s:g} s") from None
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if returncode != 0:
+        raise RuntimeError(f"{what} failed: {stderr.strip()[-2000:]}")
+    return dict(json.loads(stdout.strip().splitlines()[-1]))
+
+
+def _time_in_child(
+    kind: str, path: Path, npz: Path, timeout_s: float, budget_s: float
+) -> tuple[float, float]:
+    """The median call in ms, and the CPU seconds the child used."""
+    try:
+        result = run_child([kind, str(path), str(npz), str(budget_s)], timeout_s)
+    except RuntimeError as exc:
+        raise RuntimeError(f"timing {exc}") from None
+    return float(result["median_ms"]), float(result.get("cpu_s", 0.0))
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The order of each round: rotated by one each time, so that no implementation always runs first."""
+    n = len(names)
+    return [names[r % n :] + names[: r % n] for r in range(rounds)] if n else []
+
+
+def interleaved_timings(
+    contenders: Mapping[str, tuple[str, Path]],
+    inputs: list[np.ndarray],
+    rounds: int = 3,
+    timeout_s: float = 600,
+) -> LatencyReport:
+    """Time every contender (name -> (kind, path)) in ``rounds`` interleaved rounds of fresh processes.
+
+    Each round gives each contender ``BUDGET_S / rounds`` seconds of calls, so the total timing stays
+    that of one ``BUDGET_S`` measurement per contender.
+    """
+    if rounds < 1:
+        raise ValueError("at least one round")
+    budget_s = BUDGET_S / rounds
+    measured: dict[str, list[float]] = {name: [] for name in contenders}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    # Up before the sampler starts: its seconds of loading TVM and onnxruntime, once per process, are Kiln's.
+    shared_fork_server("tuner.timing.side_by_side").start()
+    sampler = OtherCpuSampler()
+    children_cpu_s = 0.0
+    with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
+        npz = Path(tmp) / "inputs.npz"
+        np.savez(npz, **{f"arg{i}": x for i, x in enumerate(inputs)})
+        for order in round_orders(list(contenders), rounds):
+            for name in order:
+                kind, path = contenders[name]
+                median_ms, cpu_s = _time_in_child(kind, path, npz, timeout_s, budget_s)
+                measured[name].append(median_ms)
+                children_cpu_s += cpu_s
+    other = sampler.share(children_cpu_s)
+    timings = {name: Timing(tuple(values)) for name, values in measured.items()}
+    return LatencyReport(
+        timings=timings, warnings=busy_warnings(timings, other), other_cpu_share=other, load_average=load
+    )
+
+
+def busy_warnings(timings: Mapping[str, Timing], other_cpu_share: float | None) -> tuple[str, ...]:
+    """What a reader of these figures should know: other processes were busy, or rounds disagree."""
+    warnings = []
+    if other_cpu_share is not None and other_cpu_share > BUSY_CPU_SHARE:
+        warnings.append(
+            f"the machine was busy: other processes used {100 * other_cpu_share:.0f} % of the CPUs while "
+            "Kiln timed the model, so these figures may be off; time the artifact again on an idle machine"
+        )
+    for name, t in timings.items():
+        if len(t.rounds_ms) > 1 and t.spread > DISAGREEING_SPREAD:
+            warnings.append(
+                f"the rounds of {name} disagree by {100 * t.spread:.0f} % ({t.min_ms:.3f} to {t.max_ms:.3f} ms): "
+                "something else probably ran meanwhile"
+            )
+    return tuple(warnings)
+
+
+class OtherCpuSampler:
+    """How much of all CPUs processes other than this one and its children used since it was made.
+
+    Reads the machine's busy time from ``/proc/stat`` and subtracts this process's own CPU time, that of
+    its finished children, and what the caller says its other helpers used (the timing children are the
+    fork server's, not this process's); None where ``/proc/stat`` cannot be read (not Linux).
+    """
+
+    def __init__(self) -> None:
+        self._start = (time.monotonic(), _machine_busy_s(), _own_cpu_s())
+
+    def share(self, helpers_cpu_s: float = 0.0) -> float | None:
+        """The share of all CPUs used by others, ``helpers_cpu_s`` (CPU seconds of this process's helpers
+        that are not its children) not counted."""
+        wall0, busy0, own0 = self._start
+        busy1 = _machine_busy_s()
+        if busy0 is None or busy1 is None:
+            return None
+        wall = time.monotonic() - wall0
+        cpus = os.cpu_count() or 1
+        if wall <= 0:
+            return 0.0
+        other = (busy1 - busy0) - (_own_cpu_s() - own0) - helpers_cpu_s
+        return min(1.0, max(0.0, other / (wall * cpus)))
+
+
+def _machine_busy_s() -> float | None:
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait is busy.
+    values = [int(v) for v in fields[1:9]]
+    busy = sum(values) - values[3] - values[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _preload() -> None:
+    import tuner.compile  # noqa: F401 - TVM and Kiln's loader
+    from kiln_tvm import tvm  # noqa: F401
+
+    # onnxruntime is a peer, not a part of Kiln: where it is missing the job measures without it and says
+    # so (tuner.timing.verify.onnxruntime_model), and the children must still start.
+    with contextlib.suppress(ImportError):
+        import onnxruntime  # noqa: F401
+
+
+def _forked_child() -> None:
+    try:
+        _child(*json.loads(sys.stdin.read()))
+    except BaseException as exc:  # noqa: BLE001 - reported on stderr with a failing exit code
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main() -> None:
+    """``python -m tuner.timing.side_by_side --fork-server FD``: the fork server of timing children."""
+    from forkserver import serve_main
+
+    serve_main("tuner.timing.side_by_side", _preload, _forked_child)
+
+
+if __name__ == "__main__":
+    main()
