@@ -17,8 +17,9 @@ from typing import Any
 from tuner.compile import build_untuned, random_inputs
 from tuner.entities import FusionSummary, JobSpec, Task
 from tuner.frontend import load_model
-from tuner.jobs.pipeline import run_job, submit_job
+from tuner.jobs.pipeline import run_job
 from tuner.jobs.recorder import TuningClock
+from tuner.jobs.submission import submit_job
 from tuner.metaschedule.database import KilnDatabase
 from tuner.model_registry import register_model
 from tuner.settings import Settings

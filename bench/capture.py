@@ -133,7 +133,8 @@ def _child_tune_jax(name: str, store: Path, out: Path, tune_s: float) -> None:
     from jax import export
 
     from tuner.entities import JobSpec
-    from tuner.jobs.pipeline import run_job, submit_job
+    from tuner.jobs.pipeline import run_job
+    from tuner.jobs.submission import submit_job
     from tuner.model_registry import register_model
     from tuner.settings import Settings
     from tuner.store import Store

@@ -25,7 +25,8 @@ from _report import start_run, table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.model_builders import build_small_cnn  # noqa: E402
 from tuner.entities import JobSpec, JobStatus  # noqa: E402
-from tuner.jobs.pipeline import run_job, submit_job  # noqa: E402
+from tuner.jobs.pipeline import run_job  # noqa: E402
+from tuner.jobs.submission import submit_job  # noqa: E402
 from tuner.model_registry import register_model  # noqa: E402
 from tuner.settings import Settings  # noqa: E402
 from tuner.store.sql import Store  # noqa: E402

@@ -51,7 +51,9 @@ from tuner.compile import build_tuned, random_inputs
 from tuner.entities import JobSpec, JobStatus
 from tuner.frontend import load_model
 from tuner.jobs.artifact import export_library
-from tuner.jobs.pipeline import job_caches, run_job, submit_job
+from tuner.jobs.measuring import job_caches
+from tuner.jobs.pipeline import run_job
+from tuner.jobs.submission import submit_job
 from tuner.metaschedule.database import KilnDatabase
 from tuner.model_registry import register_model
 from tuner.passes.plan import plan_graph

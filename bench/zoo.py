@@ -102,7 +102,8 @@ def run_kiln_job(path: Path, data_dir: Path, trials: int, rounds: int) -> dict[s
     from _kiln import _extract
 
     from tuner.entities import JobSpec, JobStatus
-    from tuner.jobs.pipeline import run_job, submit_job
+    from tuner.jobs.pipeline import run_job
+    from tuner.jobs.submission import submit_job
     from tuner.model_registry import register_model
     from tuner.settings import Settings
     from tuner.store.sql import Store

@@ -213,7 +213,7 @@ def tasks(
         print_code(chosen[0].tir)
     if poly:
         from schedules.poly.analysis import analyse_prim_func
-        from tuner.jobs.pipeline import measuring_caches
+        from tuner.jobs.measuring import measuring_caches
         from tuner.targets import is_host_cpu
 
         caches = measuring_caches(settings, is_host_cpu(resolve_target(target)))
@@ -298,7 +298,7 @@ def _queue(
     A bad spec fails before the model is imported, so nothing is stored for it.
     """
     from tuner.frontend import parse_input_values
-    from tuner.jobs.pipeline import submit_job, validate_spec
+    from tuner.jobs.submission import submit_job, validate_spec
     from tuner.model_registry import register_model
 
     validate_spec(spec)

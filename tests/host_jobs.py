@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.entities import JobSpec
-from tuner.jobs.pipeline import JobResult, run_job, submit_job
+from tuner.jobs.pipeline import JobResult, run_job
 from tuner.jobs.recorder import JobListener
+from tuner.jobs.submission import submit_job
 from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store

@@ -48,7 +48,7 @@ from tuner.entities import (
 )
 from tuner.errors import Conflict, NotFound
 from tuner.jobs.artifact import records_tarball
-from tuner.jobs.pipeline import submit_job
+from tuner.jobs.submission import submit_job
 from tuner.model_registry import artifact_file_name
 from tuner.rpc.tracker import allowed_tracker
 from tuner.settings import Settings

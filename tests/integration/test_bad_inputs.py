@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 from tests.model_builders import build_mlp
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import InvalidModel, InvalidSpec, InvalidTarget, MissingInputShape, UnsupportedOperator
-from tuner.jobs.pipeline import run_job, submit_job
+from tuner.jobs.pipeline import run_job
+from tuner.jobs.submission import submit_job
 from tuner.model_registry import model_file, register_model
 from tuner.settings import Settings
 from tuner.store import Store

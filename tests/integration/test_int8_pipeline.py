@@ -21,7 +21,8 @@ from tests.model_builders import build_mlp
 from tests.quant_models import QuantSpec, build_qdq_net, output_step
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import InvalidSpec
-from tuner.jobs.pipeline import run_job, submit_job
+from tuner.jobs.pipeline import run_job
+from tuner.jobs.submission import submit_job
 from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store

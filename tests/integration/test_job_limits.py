@@ -26,7 +26,7 @@ from tests.model_builders import build_mlp
 from tuner.entities import Job, JobSpec, JobStatus, ModelInfo
 from tuner.errors import ImportTimeout
 from tuner.isolation.sandbox import ModelSandbox
-from tuner.jobs.pipeline import submit_job
+from tuner.jobs.submission import submit_job
 from tuner.jobs.worker import Worker
 from tuner.model_registry import register_model
 from tuner.settings import Settings

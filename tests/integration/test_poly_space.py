@@ -15,7 +15,8 @@ from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.model_builders import build_small_cnn
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import InvalidSpec
-from tuner.jobs.pipeline import run_job, submit_job
+from tuner.jobs.pipeline import run_job
+from tuner.jobs.submission import submit_job
 from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store

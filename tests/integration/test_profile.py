@@ -11,7 +11,8 @@ import pytest
 from tests.host_jobs import run_host_job
 from tests.model_builders import build_small_cnn
 from tuner.entities import JobSpec, JobStatus
-from tuner.jobs.pipeline import run_job, submit_job
+from tuner.jobs.pipeline import run_job
+from tuner.jobs.submission import submit_job
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target

@@ -23,7 +23,9 @@ from tests.host_jobs import run_host_job
 from tests.model_builders import build_mlp
 from tuner.entities import JobSpec, JobStatus, RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
-from tuner.jobs.pipeline import job_caches, run_job, submit_job
+from tuner.jobs.measuring import job_caches
+from tuner.jobs.pipeline import run_job
+from tuner.jobs.submission import submit_job
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.model_registry import register_model
 from tuner.rpc.device_info import device_caches

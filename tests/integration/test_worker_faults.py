@@ -23,7 +23,7 @@ from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.model_builders import build_mlp
 from tuner.entities import Job, JobSpec, JobStatus
 from tuner.jobs.failures import crash_report_path
-from tuner.jobs.pipeline import submit_job
+from tuner.jobs.submission import submit_job
 from tuner.jobs.worker import Worker
 from tuner.model_registry import register_model
 from tuner.settings import Settings

@@ -11,7 +11,8 @@ from pathlib import Path
 from tuner.capture.graph import ExportedCapture
 from tuner.capture.options import CaptureOptions
 from tuner.entities import Job, JobSpec
-from tuner.jobs.pipeline import run_job, submit_job
+from tuner.jobs.pipeline import run_job
+from tuner.jobs.submission import submit_job
 from tuner.model_registry import register_model
 from tuner.store.sql import Store
 

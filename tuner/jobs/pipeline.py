@@ -1,9 +1,15 @@
-"""Tuning jobs: check and queue one (:func:`submit_job`), and run one end to end: import, plan, tune,
-compile, verify, measure, package (:func:`run_job`, :func:`execute_job`).
+"""A tuning job run end to end (:func:`run_job`, :func:`execute_job`), as a sequence of stages:
 
-Every step writes its outcome to the store as it happens, through one :class:`~tuner.jobs.recorder.JobRecorder`,
-so a job that dies midway leaves its measured records behind and the next run of the same model on the
-same target starts from them. The artifact's manifest is built by :mod:`tuner.jobs.manifest`.
+1. :func:`_plan`: import the model and run the graph passes; register the tasks (or recount a resumed
+   job's).
+2. :func:`_tune`: MetaSchedule over the tasks, within what is left of the budget.
+3. :func:`_compile`: each kernel's best record (or a schedule built without measuring), compiled.
+4. :func:`_check` (on this machine's CPU): verify the outputs, time the artifact side by side, profile it.
+5. :func:`_package`: the manifest and the artifact.
+
+Each stage records what it did through the job's :class:`~tuner.jobs.recorder.JobRecorder` only, as it
+happens: a job that dies midway leaves its measured records behind and the next run of the same model on
+the same target starts from them. Checking and queueing a job is :mod:`tuner.jobs.submission`'s.
 """
 
 from __future__ import annotations
@@ -11,37 +17,44 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from schedules.amx import amx_kinds
-from schedules.poly.caches import UNKNOWN, CacheHierarchy, host_caches, parse_cache_spec
-from schedules.spaces import SpaceOptions, check_space, default_space_name, get_space
 from tuner.compile import build_tuned, build_untuned, model_assembly, random_inputs
-from tuner.entities import Artifact, FusionSummary, Job, JobSpec, JobStatus, MachineLimits, ModelInfo, Task
-from tuner.errors import InvalidSpec, KilnError, MissingInputShape, TuningFailed
-from tuner.frontend import ImportedModel, check_given_shape, load_model
+from tuner.entities import (
+    AccuracyReport,
+    Artifact,
+    FusionSummary,
+    Job,
+    JobSpec,
+    JobStatus,
+    MachineLimits,
+    ModelInfo,
+    Task,
+)
+from tuner.errors import KilnError, TuningFailed
+from tuner.frontend import ImportedModel, load_model
 from tuner.isolation.sandbox import SandboxLimits, file_bytes, is_out_of_memory, memory_limit
 from tuner.jobs.artifact import export_library, pack_artifact
 from tuner.jobs.failures import crash_report_path, describe_failure, write_crash_report
 from tuner.jobs.guard import InProcessGuard, cli_worker_name
 from tuner.jobs.manifest import job_manifest
+from tuner.jobs.measuring import job_caches, measure_config
 from tuner.jobs.recorder import JobListener, JobRecorder
-from tuner.metaschedule.cost_model import keep_cost_model, load_cost_model
+from tuner.jobs.submission import job_input_shapes, validate_spec
+from tuner.metaschedule.cost_model import load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.model_registry import model_file
 from tuner.passes.plan import GraphPlan, plan_graph
-from tuner.passes.plan_keys import preview_refusal
-from tuner.passes.precision import check_precision
-from tuner.rpc.device_info import device_caches
-from tuner.rpc.tracker import check_runner, validate_runner
+from tuner.rpc.tracker import check_runner
 from tuner.schedule_choice import choose_schedules
 from tuner.settings import Settings
 from tuner.store.sql import Store
-from tuner.targets import canonical_target_key, check_runs_here, is_host_cpu, resolve_target, to_tvm_target
+from tuner.targets import is_host_cpu, to_tvm_target
 from tuner.timing.profile import host_limits, kernel_flops, profile_model
 from tuner.timing.verify import (
     Comparison,
@@ -54,7 +67,7 @@ from tuner.timing.verify import (
     verify_outputs,
     verify_reduced_precision,
 )
-from tuner.tune import Budget, MeasureConfig, check_cost_model, tune_tasks
+from tuner.tune import Budget, tune_tasks
 from tuner.views.assembly import instruction_mix, kernel_assembly, split_functions
 
 log = logging.getLogger(__name__)
@@ -70,130 +83,6 @@ class JobResult:
     artifact: Artifact | None
     comparisons: list[Comparison]
     latency: Latencies
-
-
-def validate_spec(spec: JobSpec) -> dict[str, Any]:
-    """The checks of a job spec that need no model: the target (and that the local runner can run it
-    here), the budget, the cost model and the runner. Returns the resolved target."""
-    target = resolve_target(spec.target)
-    Budget(spec.trials, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
-    check_cost_model(spec.cost_model)
-    check_precision(spec.precision)
-    if spec.space is not None:
-        try:
-            check_space(spec.space, str(target.get("kind")))
-        except ValueError as exc:
-            raise InvalidSpec(str(exc)) from None
-    validate_runner(spec.runner)
-    if spec.runner.is_local:
-        check_runs_here(target)
-    return target
-
-
-def submit_job(store: Store, spec: JobSpec, owner: str = "", settings: Settings | None = None) -> Job:
-    """Validate a spec (:func:`validate_spec`, and its input shapes against the model of ``owner``) and
-    queue a job for it.
-
-    With ``settings``, a job whose task preview (the same plan) was refused for a limit is refused too,
-    with the preview's reason: it would spend its limits to fail the same way.
-    """
-    model = store.get_model(spec.model_id, owner)
-    target = validate_spec(spec)
-    _check_input_shapes(model, spec)
-    if settings is not None:
-        refusal = preview_refusal(store, settings, model, target, spec.input_shapes, spec.precision)
-        if refusal is not None:
-            raise refusal
-    if spec.float_model_id is not None:
-        _check_float_model(model, store.get_model(spec.float_model_id, owner))
-    # The job records the space that tunes it, the target's default when the user named none.
-    space = spec.space or default_space_name(to_tvm_target(target))
-    spec = JobSpec.from_dict({**spec.to_dict(), "target": target, "space": space})
-    return store.create_job(spec, canonical_target_key(target), owner)
-
-
-def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
-    names = [t.name for t in model.signature.inputs]
-    unknown = sorted(set(spec.input_shapes) - set(names))
-    if unknown:
-        raise InvalidSpec(f"input_shapes names unknown inputs {unknown}; the model's inputs are {names}")
-    for t in model.signature.inputs:
-        if not t.is_static and t.name not in spec.input_shapes:
-            example = [d if isinstance(d, int) else 1 for d in t.shape]
-            raise MissingInputShape(
-                f"input '{t.name}' has dynamic dimensions {list(t.shape)}: give its shape in input_shapes, "
-                f'e.g. {{"{t.name}": {example}}}'
-            )
-    declared = {t.name: t for t in model.signature.model_inputs}
-    for name, shape in spec.input_shapes.items():
-        if any(type(d) is not int for d in shape):
-            raise InvalidSpec(f"input_shapes['{name}'] must be integers, got {list(shape)}")
-        check_given_shape(declared[name], tuple(shape))
-
-
-def _check_float_model(model: ModelInfo, float_model: ModelInfo) -> None:
-    """The float model a job compares with must take the same inputs and give as many outputs."""
-    if float_model.id == model.id:
-        raise InvalidSpec("float_model_id names the model being tuned; give the float model it came from")
-    mine = [(t.name, t.shape) for t in model.signature.inputs]
-    theirs = [(t.name, t.shape) for t in float_model.signature.inputs]
-    if mine != theirs or len(model.signature.outputs) != len(float_model.signature.outputs):
-        raise InvalidSpec(
-            f"the float model '{float_model.name}' takes inputs {theirs} and gives "
-            f"{len(float_model.signature.outputs)} outputs; the model tuned takes {mine} and gives "
-            f"{len(model.signature.outputs)}"
-        )
-
-
-def measuring_caches(settings: Settings, runs_here: bool) -> CacheHierarchy:
-    """The caches of the device a job measures on when it runs here: this machine's (or the settings');
-    for remote devices, the sizes the settings give for them (unknown without: no cache-based pruning)."""
-    if runs_here:
-        return host_caches(settings.cache_sizes)
-    if settings.rpc_cache_sizes:
-        return parse_cache_spec(settings.rpc_cache_sizes, source="settings (rpc devices)")
-    return UNKNOWN
-
-
-def job_caches(settings: Settings, spec: JobSpec) -> CacheHierarchy:
-    """The caches of the job's measuring device: this machine's, or what the RPC device reports (Kiln's
-    servers do) when the job's space uses them, else the settings' sizes for remote devices."""
-    if spec.runner.is_local:
-        return measuring_caches(settings, True)
-    if spec.space is not None and get_space(spec.space).seeded:
-        reported = device_caches(spec.runner, settings.rpc_timeout_s)
-        if reported is not None and reported.known:
-            return reported
-    return measuring_caches(settings, False)
-
-
-def space_options(settings: Settings, spec: JobSpec) -> SpaceOptions:
-    """What the job's space may assume of the measuring device, and the settings of its hooks."""
-    caches = job_caches(settings, spec)
-    return SpaceOptions(caches, settings.poly_margin, settings.poly_pass_through, settings.poly_seeds)
-
-
-def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
-    """Measurement settings of a job: the service's settings plus the job's runner, cost model and space."""
-    return MeasureConfig(
-        number=settings.measure_number,
-        repeat=settings.measure_repeat,
-        min_repeat_ms=settings.measure_min_repeat_ms,
-        builder_workers=settings.builder_workers,
-        trials_per_iter=settings.num_trials_per_iter,
-        population_size=settings.search_population,
-        default_schedules=settings.default_schedules,
-        cost_model=spec.cost_model,
-        runner=spec.runner,
-        space=spec.space,
-        space_options=space_options(settings, spec),
-    )
-
-
-def _input_shapes(model: ModelInfo, spec: JobSpec) -> dict[str, tuple[int, ...]]:
-    if spec.input_shapes:
-        return dict(spec.input_shapes)
-    return {t.name: tuple(int(d) for d in t.shape) for t in model.signature.inputs if t.is_static}
 
 
 def run_job(
@@ -240,7 +129,7 @@ def execute_job(
 
 def _execute(settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) -> JobResult:
     try:
-        return _run(recorder.store, settings, job, recorder, should_stop)
+        return _run(settings, job, recorder, should_stop)
     except Exception as exc:
         # The user is told why in one sentence; the traceback stays in the job's crash report.
         reason = describe_failure(exc, recorder.current_stage)
@@ -252,9 +141,51 @@ def _execute(settings: Settings, job: Job, recorder: JobRecorder, should_stop: A
         raise TuningFailed(reason) from exc
 
 
-def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) -> JobResult:
-    spec = job.spec
-    validate_spec(spec)  # the same checks as at submission: a job stored by other means fails here, clearly
+@dataclass(frozen=True)
+class _Planned:
+    """What the first stage leaves: the model, its import and plan, and the records the job reads."""
+
+    model: ModelInfo
+    imported: ImportedModel
+    plan: GraphPlan
+    target: Any  # tvm.target.Target
+    scope: str | None  # whose records the job reads (None: everyone's)
+    database: KilnDatabase
+
+
+@dataclass(frozen=True)
+class _Built:
+    """The compiled model: its executable, and its library in the job's build directory."""
+
+    tuned_exe: Any
+    tuned_lib: Path
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What checking the compiled model on this machine found (nothing, for a target elsewhere)."""
+
+    comparisons: list[Comparison] = field(default_factory=list)
+    latency: Latencies = field(default_factory=Latencies)
+    accuracy: AccuracyReport | None = None
+
+
+def _run(settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) -> JobResult:
+    validate_spec(job.spec)  # the same checks as at submission: a job stored by other means fails here
+    planned = _plan(settings, job, recorder)
+    _tune(settings, job, planned, recorder, should_stop)
+    if should_stop is not None and should_stop():
+        recorder.ended(JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
+        job_now = recorder.store.get_job(job.id)
+        return JobResult(job_now, recorder.tasks, planned.plan.fusion, None, [], Latencies())
+    built = _compile(settings, job, planned, recorder)
+    checked = _check(settings, job, planned, built, recorder) if is_host_cpu(job.spec.target) else _Checked()
+    return _package(settings, job, planned, built, checked, recorder)
+
+
+def _plan(settings: Settings, job: Job, recorder: JobRecorder) -> _Planned:
+    """Import the model and run the graph passes, under the import's memory bound; register the tasks."""
+    spec, store = job.spec, recorder.store
     model = store.get_model(spec.model_id)
     recorder.stage("importing")
     target = to_tvm_target(spec.target)
@@ -264,148 +195,173 @@ def _run(store: Store, settings: Settings, job: Job, recorder: JobRecorder, shou
     try:
         with memory_limit(settings.import_memory_mb):
             imported = load_model(
-                path,
-                _input_shapes(model, spec),
-                max_unpacked_bytes=settings.max_unpacked_mb << 20,
+                path, job_input_shapes(model, spec), max_unpacked_bytes=settings.max_unpacked_mb << 20
             )
             recorder.stage("extracting tasks")
             plan = plan_graph(
-                imported.mod,
-                target,
-                settings.planning_options(spec.precision),
-                record_levels=True,
+                imported.mod, target, settings.planning_options(spec.precision), record_levels=True
             )
     except Exception as exc:
         if is_out_of_memory(exc):
             raise SandboxLimits.from_settings(settings).too_much_memory(file_bytes(path)) from None
         raise
-    store.set_ir_levels(job.id, plan.levels)
+    recorder.levels(plan.levels)
     scope = settings.record_scope(job.owner)
     database = KilnDatabase(store, job.target_key, job_id=job.id, owner=scope)
-    recorder.planned(_register_tasks(store, job, plan, database, scope), plan.fusion, spec.trials or 0)
-    # A resumed job spends what its earlier attempts left of the trials and of the time.
+    if store.list_tasks(job.id):  # a job that ran before: its tasks, their trials recounted
+        tasks = recorder.resumed_tasks(job.target_key, scope)
+    else:
+        workloads = [database.commit_workload_id(task.dispatched[0]) for task in plan.tasks]
+        tasks = recorder.new_tasks(plan.infos, workloads, job.target_key, scope)
+    recorder.planned(tasks, plan.fusion, spec.trials or 0)
+    return _Planned(model, imported, plan, target, scope, database)
+
+
+def _tune(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder, should_stop: Any) -> None:
+    """MetaSchedule over the tasks, within what earlier attempts left of the trials and of the time."""
+    spec = job.spec
     trials_left = None if spec.trials is None else max(0, spec.trials - recorder.trials_done)
     budget = Budget(trials_left, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
     with recorder.tuning(spec.time_budget_s, job.tuning_s) as clock:
         time_left = clock.remaining_s()
-        if trials_left != 0 and (time_left is None or time_left > 0):
-            check_runner(spec.runner, settings.rpc_timeout_s)
-            config = measure_config(settings, spec)
-            # The cost model kept for this target starts trained on every record measured on it before.
-            cost_model, learnt_up_to = (
-                load_cost_model(store, target, job.target_key, scope)
-                if config.cost_model == "xgb"
-                else (None, 0)
-            )
-            report = tune_tasks(
-                plan.tasks,
-                target,
-                database,
-                budget,
-                config,
-                settings.jobs_dir / job.id / "metaschedule",
-                on_batch=recorder.on_batch,
-                should_stop=should_stop,
-                time_left_s=clock.remaining_s,
-                limits=_measuring_host_limits(store, spec),
-                cost_model=cost_model,
-            )
-            if cost_model is not None:
-                keep_cost_model(store, cost_model, target, job.target_key, scope, learnt_up_to, job.id)
-            for index, stats in report.search_stats.items():
-                store.set_search_stats(recorder.tasks[index].id, stats)
-    if should_stop is not None and should_stop():
-        recorder.ended(JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
-        return JobResult(store.get_job(job.id), recorder.tasks, plan.fusion, None, [], Latencies())
-
-    recorder.stage("compiling")
-    build_dir = settings.jobs_dir / job.id / "build"
-    # A kernel without a measured record gets the best schedule Kiln can build without measuring (the
-    # same choice as the torch.compile backend's), never serial loops.
-    chosen, choices = choose_schedules(plan.tasks, target, database, job_caches(settings, spec))
-    store.set_schedule_sources(
-        {task.id: choice.source.value for task, choice in zip(recorder.tasks, choices, strict=True)}
-    )
-    tuned_exe = build_tuned(plan, target, chosen)
-    _keep_assembly(store, store.list_tasks(job.id), model_assembly(tuned_exe))
-    tuned_lib = export_library(tuned_exe, build_dir / "model.so", amx=bool(amx_kinds(target)))
-    comparisons: list[Comparison] = []
-    latency = Latencies()
-    accuracy = None
-    if is_host_cpu(spec.target):
-        recorder.stage("verifying")
-        inputs = random_inputs(imported.signature, spec.seed)
-        untuned_exe = build_untuned(imported.mod, target)
-        floats = _float_reference(store, settings, spec, target)
-        quantized = bool(plan.fusion.integer_ops or plan.fusion.kept_float)
-        if plan.fusion.reduced_ops:  # bf16/fp16 products: held to the policy's norm-wise error
-            comparisons, accuracy = verify_reduced_precision(
-                imported, tuned_exe, untuned_exe, spec.seed, spec.precision, floats
-            )
-        else:
-            comparisons = verify_outputs(settings, imported, tuned_exe, untuned_exe, inputs, quantized)
-        if quantized or (floats is not None and accuracy is None):
-            accuracy = measure_accuracy(imported, tuned_exe, spec.seed, floats) or accuracy
-        recorder.stage("measuring")
-        latency = measure_latencies(
-            imported, untuned_exe, tuned_lib, build_dir, inputs, settings.latency_rounds
+        if trials_left == 0 or (time_left is not None and time_left <= 0):
+            return
+        check_runner(spec.runner, settings.rpc_timeout_s)
+        config = measure_config(settings, spec)
+        # The cost model kept for this target starts trained on every record measured on it before.
+        cost_model, learnt_up_to = (
+            load_cost_model(recorder.store, planned.target, job.target_key, planned.scope)
+            if config.cost_model == "xgb"
+            else (None, 0)
         )
-        if settings.profile_budget_s > 0:
-            recorder.stage("profiling")
-            _keep_profile(store, settings, job, imported, plan, tuned_lib, inputs, latency)
+        report = tune_tasks(
+            planned.plan.tasks,
+            planned.target,
+            planned.database,
+            budget,
+            config,
+            settings.jobs_dir / job.id / "metaschedule",
+            on_batch=recorder.on_batch,
+            should_stop=should_stop,
+            time_left_s=clock.remaining_s,
+            limits=_measuring_host_limits(recorder.store, spec),
+            cost_model=cost_model,
+        )
+        if cost_model is not None:
+            recorder.cost_model(cost_model, planned.target, job.target_key, planned.scope, learnt_up_to)
+        recorder.search_stats(report.search_stats)
 
-    recorder.stage("packaging")
-    tasks = store.list_tasks(job.id)
-    manifest = job_manifest(
-        store.get_job(job.id), model, imported, plan, tasks, latency, comparisons, settings, accuracy
+
+def _compile(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder) -> _Built:
+    """Compile each kernel with its best record; a kernel without one gets the best schedule Kiln can build
+    without measuring (the same choice as the torch.compile backend's), never serial loops."""
+    recorder.stage("compiling")
+    chosen, choices = choose_schedules(
+        planned.plan.tasks, planned.target, planned.database, job_caches(settings, job.spec)
     )
-    rows = store.job_records(job, scope)
-    packed = pack_artifact(tuned_lib, manifest, rows, settings.data_dir / "artifacts" / f"{job.id}.tar.gz")
-    shutil.rmtree(build_dir, ignore_errors=True)
-    artifact = recorder.artifact(str(packed.path.resolve()), packed.sha256, packed.size_bytes)
-    recorder.succeeded(latency, accuracy)
-    return JobResult(store.get_job(job.id), tasks, plan.fusion, artifact, comparisons, latency)
+    recorder.schedule_sources([choice.source.value for choice in choices])
+    tuned_exe = build_tuned(planned.plan, planned.target, chosen)
+    functions = split_functions(model_assembly(tuned_exe))
+    recorder.assembly(
+        {
+            task.id: (text, instruction_mix(text))
+            for task in recorder.tasks
+            if (text := kernel_assembly(functions, task.name))
+        }
+    )
+    lib_path = settings.jobs_dir / job.id / "build" / "model.so"
+    return _Built(tuned_exe, export_library(tuned_exe, lib_path, amx=bool(amx_kinds(planned.target))))
 
 
-def _keep_assembly(store: Store, tasks: list[Task], asm: str) -> None:
-    """Keep each task's kernel as compiled into the model, with its instruction mix."""
-    functions = split_functions(asm)
-    for task in tasks:
-        text = kernel_assembly(functions, task.name)
-        if text:
-            store.set_task_assembly(task.id, text, instruction_mix(text))
+def _check(settings: Settings, job: Job, planned: _Planned, built: _Built, recorder: JobRecorder) -> _Checked:
+    """Verify the compiled model's outputs, time it beside untuned TVM and onnxruntime, and profile it."""
+    spec, imported, plan = job.spec, planned.imported, planned.plan
+    recorder.stage("verifying")
+    inputs = random_inputs(imported.signature, spec.seed)
+    untuned_exe = build_untuned(imported.mod, planned.target)
+    floats = _float_reference(recorder.store, settings, spec, planned.target)
+    quantized = bool(plan.fusion.integer_ops or plan.fusion.kept_float)
+    accuracy = None
+    if plan.fusion.reduced_ops:  # bf16/fp16 products: held to the policy's norm-wise error
+        comparisons, accuracy = verify_reduced_precision(
+            imported, built.tuned_exe, untuned_exe, spec.seed, spec.precision, floats
+        )
+    else:
+        comparisons = verify_outputs(settings, imported, built.tuned_exe, untuned_exe, inputs, quantized)
+    if quantized or (floats is not None and accuracy is None):
+        accuracy = measure_accuracy(imported, built.tuned_exe, spec.seed, floats) or accuracy
+    recorder.stage("measuring")
+    latency = measure_latencies(
+        imported, untuned_exe, built.tuned_lib, built.tuned_lib.parent, inputs, settings.latency_rounds
+    )
+    if settings.profile_budget_s > 0:
+        recorder.stage("profiling")
+        _profile(settings, job, planned, built.tuned_lib, inputs, latency, recorder)
+    return _Checked(comparisons, latency, accuracy)
 
 
-def _keep_profile(
-    store: Store,
+def _profile(
     settings: Settings,
     job: Job,
-    imported: ImportedModel,
-    plan: GraphPlan,
+    planned: _Planned,
     tuned_lib: Path,
     inputs: list[np.ndarray],
     latency: Latencies,
+    recorder: JobRecorder,
 ) -> None:
     """Profile the tuned model kernel by kernel (and onnxruntime beside it) and keep the profile. A profile
     explains the job's result and is not part of it: one that fails is logged and the job goes on."""
-    onnx_file, note = onnxruntime_model(imported, tuned_lib.parent)
+    onnx_file, note = onnxruntime_model(planned.imported, tuned_lib.parent)
     try:
         profile = profile_model(
             tuned_lib,
-            kernel_flops(plan.lowered),
+            kernel_flops(planned.plan.lowered),
             inputs,
             tuned_lib.parent,
             onnx_file,
             note,
             latency.tuned_ms,
-            host_limits(store, job.spec.target),
+            host_limits(recorder.store, job.spec.target),
             settings.profile_budget_s,
             latency.references_ms.get("onnxruntime"),
         )
     except RuntimeError as exc:
         log.warning("job %s: profiling its tuned model failed: %s", job.id, exc)
         return
-    store.set_job_profile(job.id, profile)
+    recorder.profile(profile)
+
+
+def _package(
+    settings: Settings,
+    job: Job,
+    planned: _Planned,
+    built: _Built,
+    checked: _Checked,
+    recorder: JobRecorder,
+) -> JobResult:
+    """The manifest and the artifact (the library, the manifest, the records it was built with)."""
+    recorder.stage("packaging")
+    store = recorder.store
+    tasks = store.list_tasks(job.id)
+    manifest = job_manifest(
+        store.get_job(job.id),
+        planned.model,
+        planned.imported,
+        planned.plan,
+        tasks,
+        checked.latency,
+        checked.comparisons,
+        settings,
+        checked.accuracy,
+    )
+    rows = store.job_records(job, planned.scope)
+    destination = settings.data_dir / "artifacts" / f"{job.id}.tar.gz"
+    packed = pack_artifact(built.tuned_lib, manifest, rows, destination)
+    shutil.rmtree(built.tuned_lib.parent, ignore_errors=True)
+    artifact = recorder.artifact(str(packed.path.resolve()), packed.sha256, packed.size_bytes)
+    recorder.succeeded(checked.latency, checked.accuracy)
+    job_now = store.get_job(job.id)
+    return JobResult(job_now, tasks, planned.plan.fusion, artifact, checked.comparisons, checked.latency)
 
 
 def _measuring_host_limits(store: Store, spec: JobSpec) -> MachineLimits | None:
@@ -424,47 +380,10 @@ def _float_reference(store: Store, settings: Settings, spec: JobSpec, target: An
     with memory_limit(settings.import_memory_mb):
         imported = load_model(
             model_file(store, settings, info.id),
-            _input_shapes(info, spec),
+            job_input_shapes(info, spec),
             max_unpacked_bytes=settings.max_unpacked_mb << 20,
         )
     return float_reference(info.name, imported, target)
-
-
-def _register_tasks(
-    store: Store, job: Job, plan: GraphPlan, database: KilnDatabase, scope: str | None
-) -> list[Task]:
-    existing = store.list_tasks(job.id)
-    if existing:
-        return _resumed_tasks(store, job, existing, scope)
-    rows = [
-        {
-            "name": info.name,
-            "weight": info.weight,
-            "flops": info.flops,
-            "workload_id": database.commit_workload_id(task.dispatched[0]),
-        }
-        for task, info in zip(plan.tasks, plan.infos, strict=True)
-    ]
-    tasks = store.add_tasks(job.id, rows)
-    # A workload tuned by an earlier job on this target starts from its best record.
-    warm = []
-    for task in tasks:
-        best = store.best_latency_us(task.workload_id, job.target_key, scope)
-        warm.append(store.update_task(task.id, trials=0, best_latency_us=best) if best is not None else task)
-    return warm
-
-
-def _resumed_tasks(store: Store, job: Job, tasks: list[Task], scope: str | None) -> list[Task]:
-    """A rerun job's tasks, their trials recounted from the records the earlier attempts committed."""
-    measured = store.job_trial_counts(job.id)
-    resumed = []
-    for task in tasks:
-        best = store.best_latency_us(task.workload_id, job.target_key, scope)
-        resumed.append(
-            store.update_task(task.id, trials=measured.get(task.workload_id, 0), best_latency_us=best)
-        )
-    log.info("job %s resumes with %d trials already measured", job.id, sum(t.trials for t in resumed))
-    return resumed
 
 
 def artifact_path(store: Store, job_id: str) -> Path:

@@ -1,8 +1,8 @@
 """What a running job writes: its stage, its tasks' trials and bests, its progress, its heartbeat and its
 end, each passed on to a listener as it is stored.
 
-One :class:`JobRecorder` per run holds all of it, so the pipeline in :mod:`tuner.jobs.pipeline` says what happened
-and never how it is kept.
+One :class:`JobRecorder` per run holds all of it, so the stages of :mod:`tuner.jobs.pipeline` say what
+happened and never how it is kept: they write nothing to the store themselves.
 """
 
 from __future__ import annotations
@@ -12,9 +12,18 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tuner.entities import AccuracyReport, Artifact, FusionSummary, JobStatus, Task
+from tuner.entities import (
+    AccuracyReport,
+    Artifact,
+    FusionSummary,
+    IrLevel,
+    JobStatus,
+    ModelProfile,
+    Task,
+    TaskInfo,
+)
 from tuner.errors import Conflict
 from tuner.store.orm import utcnow
 
@@ -81,6 +90,71 @@ class JobRecorder:
         self.trials_done = sum(t.trials for t in tasks)
         self.store.update_job_progress(self.job_id, self.trials_done, trials_total)
         self.listener.planned(list(tasks), fusion, trials_total)
+
+    def levels(self, levels: list[IrLevel]) -> None:
+        """The program after each graph pass (what ``kiln ir`` and the dashboard's lowering show)."""
+        self.store.set_ir_levels(self.job_id, levels)
+
+    def new_tasks(
+        self, infos: list[TaskInfo], workload_ids: list[int], target_key: str, scope: str | None
+    ) -> list[Task]:
+        """The job's tasks, one per planned kernel; a workload tuned by an earlier job on this target
+        starts from its best record."""
+        rows = [
+            {"name": info.name, "weight": info.weight, "flops": info.flops, "workload_id": workload}
+            for info, workload in zip(infos, workload_ids, strict=True)
+        ]
+        warm = []
+        for task in self.store.add_tasks(self.job_id, rows):
+            best = self.store.best_latency_us(task.workload_id, target_key, scope)
+            warm.append(
+                task if best is None else self.store.update_task(task.id, trials=0, best_latency_us=best)
+            )
+        return warm
+
+    def resumed_tasks(self, target_key: str, scope: str | None) -> list[Task]:
+        """A rerun job's tasks, their trials recounted from the records the earlier attempts committed."""
+        measured = self.store.job_trial_counts(self.job_id)
+        resumed = [
+            self.store.update_task(
+                task.id,
+                trials=measured.get(task.workload_id, 0),
+                best_latency_us=self.store.best_latency_us(task.workload_id, target_key, scope),
+            )
+            for task in self.store.list_tasks(self.job_id)
+        ]
+        log.info(
+            "job %s resumes with %d trials already measured", self.job_id, sum(t.trials for t in resumed)
+        )
+        return resumed
+
+    def cost_model(
+        self, ranking: Any, target: Any, target_key: str, scope: str | None, learnt_up_to: int
+    ) -> None:
+        """The cost model the job tuned with, kept for the next job on this target."""
+        from tuner.metaschedule.cost_model import keep_cost_model  # TVM: only a job that tuned loads it
+
+        keep_cost_model(self.store, ranking, target, target_key, scope, learnt_up_to, self.job_id)
+
+    def search_stats(self, stats_by_task: dict[int, dict[str, Any]]) -> None:
+        """What the search did per task (by the task's index in the plan)."""
+        for index, stats in stats_by_task.items():
+            self.store.set_search_stats(self.tasks[index].id, stats)
+
+    def schedule_sources(self, sources: list[str]) -> None:
+        """Where each task's compiled schedule came from (a record, a rule, the model...), in task order."""
+        self.store.set_schedule_sources(
+            {task.id: source for task, source in zip(self.tasks, sources, strict=True)}
+        )
+
+    def assembly(self, kernels: dict[int, tuple[str, dict[str, Any]]]) -> None:
+        """Each task's kernel as compiled into the model, with its instruction mix (by task id)."""
+        for task_id, (text, mix) in kernels.items():
+            self.store.set_task_assembly(task_id, text, mix)
+
+    def profile(self, profile: ModelProfile) -> None:
+        """The tuned model's profile, kernel by kernel."""
+        self.store.set_job_profile(self.job_id, profile)
 
     def on_batch(self, batch: TrialBatch) -> None:
         """A measured batch of one task: its trial count and best latency, and the job's progress."""

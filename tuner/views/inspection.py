@@ -26,7 +26,7 @@ from tuner.entities import (
 )
 from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
 from tuner.isolation.sandbox import Cancelled, ModelSandbox
-from tuner.jobs.pipeline import measuring_caches
+from tuner.jobs.measuring import measuring_caches
 from tuner.model_registry import model_file
 from tuner.passes.plan_keys import plan_key, plan_shapes
 from tuner.settings import Settings
