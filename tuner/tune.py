@@ -186,6 +186,7 @@ def tune_tasks(
     budget: Budget,
     config: MeasureConfig,
     work_dir: Path,
+    *,
     on_batch: BatchListener | None = None,
     should_stop: StopCheck | None = None,
     time_left_s: TimeLeft | None = None,
@@ -268,7 +269,14 @@ def tune_tasks(
             if config.default_schedules:
                 with ms.Profiler.timeit("Kiln/DefaultSchedules"):
                     default_ms, spent = measure_default_schedules(
-                        tasks, target, database, builder, runner, on_batch, budget.trials, model
+                        tasks,
+                        target,
+                        database,
+                        builder=builder,
+                        runner=runner,
+                        on_batch=on_batch,
+                        limit=budget.trials,
+                        cost_model=model,
                     )
             if space.seeded and config.space_options.seeds > 0:
                 with ms.Profiler.timeit("Kiln/PolyhedralSeeds"):
@@ -277,17 +285,17 @@ def tune_tasks(
                     seeded = _measure_seeds(
                         tasks,
                         contexts,
-                        target,
-                        config,
-                        cores,
-                        database,
-                        builder,
-                        runner,
-                        on_batch,
-                        limit,
-                        warm,
-                        seeds_stop,
-                        model,
+                        target=target,
+                        config=config,
+                        cores=cores,
+                        database=database,
+                        builder=builder,
+                        runner=runner,
+                        on_batch=on_batch,
+                        limit=limit,
+                        warm=warm,
+                        stop=seeds_stop,
+                        cost_model=model,
                     )
                 for index, count in seeded.items():
                     stats[index].seeds = count
@@ -357,6 +365,7 @@ def _search_stats(kept: bool, stats: list[PruningStats], caches: CacheHierarchy)
 def _measure_seeds(
     tasks: list[Any],
     contexts: list[Any],
+    *,
     target: Target,
     config: MeasureConfig,
     cores: int,

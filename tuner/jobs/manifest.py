@@ -20,6 +20,7 @@ from tuner.tune import gflops
 
 def job_manifest(
     job: Job,
+    *,
     model: ModelInfo,
     imported: ImportedModel,
     plan: GraphPlan,

@@ -89,6 +89,7 @@ def run_job(
     store: Store,
     settings: Settings,
     job_id: str,
+    *,
     listener: JobListener | None = None,
     should_stop: Any = None,
     worker: str | None = None,
@@ -116,6 +117,7 @@ def execute_job(
     store: Store,
     settings: Settings,
     job: Job,
+    *,
     listener: JobListener | None = None,
     should_stop: Any = None,
 ) -> JobResult:
@@ -317,13 +319,13 @@ def _profile(
             tuned_lib,
             kernel_flops(planned.plan.lowered),
             inputs,
-            tuned_lib.parent,
-            onnx_file,
-            note,
-            latency.tuned_ms,
-            host_limits(recorder.store, job.spec.target),
-            settings.profile_budget_s,
-            latency.references_ms.get("onnxruntime"),
+            work_dir=tuned_lib.parent,
+            onnx_file=onnx_file,
+            onnxruntime_note=note,
+            latency_ms=latency.tuned_ms,
+            limits=host_limits(recorder.store, job.spec.target),
+            budget_s=settings.profile_budget_s,
+            onnxruntime_latency_ms=latency.references_ms.get("onnxruntime"),
         )
     except RuntimeError as exc:
         log.warning("job %s: profiling its tuned model failed: %s", job.id, exc)
@@ -345,14 +347,14 @@ def _package(
     tasks = store.list_tasks(job.id)
     manifest = job_manifest(
         store.get_job(job.id),
-        planned.model,
-        planned.imported,
-        planned.plan,
-        tasks,
-        checked.latency,
-        checked.comparisons,
-        settings,
-        checked.accuracy,
+        model=planned.model,
+        imported=planned.imported,
+        plan=planned.plan,
+        tasks=tasks,
+        latency=checked.latency,
+        comparisons=checked.comparisons,
+        settings=settings,
+        accuracy=checked.accuracy,
     )
     rows = store.job_records(job, planned.scope)
     destination = settings.data_dir / "artifacts" / f"{job.id}.tar.gz"

@@ -22,6 +22,7 @@ def measure_default_schedules(
     tasks: list[Any],
     target: Target,
     database: Any,
+    *,
     builder: Any,
     runner: Any,
     on_batch: BatchListener | None = None,

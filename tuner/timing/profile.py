@@ -158,6 +158,7 @@ def profile_model(
     tuned_lib: Path,
     flops: dict[str, float],
     inputs: list[np.ndarray],
+    *,
     work_dir: Path,
     onnx_file: Path | None = None,
     onnxruntime_note: str = "",
