@@ -47,12 +47,19 @@ def test_a_whole_job_over_http(start_server: Callable[..., str], database_url: s
         assert job["status"] == "succeeded", job["error"]
         assert job["progress"]["trials_done"] == 8 and job["speedup"] > 1
 
-        artifact = http.get(f"/api/v1/jobs/{job_id}/artifact")
-        assert artifact.status_code == 200
+        _assert_downloaded_artifact_matches_onnxruntime(http, job_id, model_path, tmp_path, seed=3)
+
+
+def _assert_downloaded_artifact_matches_onnxruntime(
+    http: httpx.Client, job_id: str, model_path: Path, tmp_path: Path, seed: int
+) -> None:
+    """The job's artifact, downloaded and run by plain TVM in a fresh process, computes what onnxruntime
+    computes on the MLP's input."""
+    artifact = http.get(f"/api/v1/jobs/{job_id}/artifact")
+    assert artifact.status_code == 200
     downloaded = tmp_path / "artifact.tar.gz"
     downloaded.write_bytes(artifact.content)
-
-    x = np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32)
+    x = np.random.default_rng(seed).standard_normal((1, 256)).astype(np.float32)
     got = run_artifact_in_fresh_process(downloaded, x, tmp_path)
     np.testing.assert_allclose(got, onnxruntime_output(model_path, x), rtol=1e-4, atol=1e-5)
 
@@ -130,13 +137,7 @@ def test_a_job_submitted_over_http_measures_on_an_rpc_device(
         )
         assert job["status"] == "succeeded", job["error"]
         assert job["progress"]["trials_done"] > 0
-        artifact = http.get(f"/api/v1/jobs/{job['id']}/artifact")
-        assert artifact.status_code == 200
-    downloaded = tmp_path / "artifact.tar.gz"
-    downloaded.write_bytes(artifact.content)
-    x = np.random.default_rng(13).standard_normal((1, 256)).astype(np.float32)
-    got = run_artifact_in_fresh_process(downloaded, x, tmp_path)
-    np.testing.assert_allclose(got, onnxruntime_output(model_path, x), rtol=1e-4, atol=1e-5)
+        _assert_downloaded_artifact_matches_onnxruntime(http, job["id"], model_path, tmp_path, seed=13)
 
 
 def _onnx_bytes(model: onnx.ModelProto) -> bytes:
