@@ -36,6 +36,25 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{REQUIRE_ENV} asks for what this run lacks: {'; '.join(missing)}")
 
 
+#: What the ``slow`` marker means (pyproject.toml): a test that takes longer than this, on 2 cores.
+SLOW_S = 5.0
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Note a test that took longer than SLOW_S without the ``slow`` marker (listed, not failed: a loaded
+    machine makes any test slow once)."""
+    if report.when == "call" and report.duration > SLOW_S and "slow" not in report.keywords:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _unmarked_slow:
+        terminalreporter.write_sep("-", f"over {SLOW_S:g} s without the slow marker")
+        for nodeid, seconds in sorted(_unmarked_slow, key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+
+
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
@@ -78,6 +79,7 @@ def _kiln(args: list[str], data_dir: Path, **env: str) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_public_address_without_tokens(tmp_path: Path) -> None:
     refused = _kiln(["serve", "--host", "0.0.0.0", "--port", "1"], tmp_path)
     assert refused.returncode == 2
@@ -98,6 +100,7 @@ def test_token_cli_creates_lists_and_revokes(tmp_path: Path) -> None:
     assert store.token_owner(token_sha256(token)) is None
 
 
+@pytest.mark.slow
 def test_cli_submits_on_behalf_of_a_token_owner(tmp_path: Path, mlp_bytes: bytes) -> None:
     data_dir = tmp_path / "data"
     model = tmp_path / "mlp.onnx"

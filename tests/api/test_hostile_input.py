@@ -86,6 +86,7 @@ def test_a_model_that_folds_into_gigabytes_is_refused_within_the_memory_limit(
         assert client.get("/api/v1/jobs").json()["total"] == 0
 
 
+@pytest.mark.slow
 def test_a_preview_that_takes_too_long_is_cut_at_its_timeout(api_settings: Settings) -> None:
     settings = api_settings.model_copy(update={"import_timeout_s": 4.0})
     with TestClient(create_app(settings)) as client:

@@ -115,6 +115,7 @@ def test_malformed_input_shapes_are_422(client: TestClient, mlp_bytes: bytes, sh
     assert response.json()["error"]["kind"] == "invalid_spec"
 
 
+@pytest.mark.slow
 def test_inputs_bound_at_upload_are_constants_of_the_model_its_jobs_compile(
     client: TestClient, api_settings: Settings, tmp_path: Path
 ) -> None:

@@ -29,6 +29,7 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> schemathesis.BaseSch
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
+@pytest.mark.slow
 def test_no_request_makes_the_server_fail(api_schema: schemathesis.BaseSchema) -> None:
     operations = [result.ok() for result in api_schema.get_all_operations()]
     assert len(operations) >= 14

@@ -17,6 +17,9 @@ from tests.artifacts import run_artifact_in_fresh_process
 from tests.jax_models import export_jax, jax_cnn, jax_outputs
 from tests.model_builders import build_torch_mlp, save_torch_program
 
+# Every test here starts `kiln` processes (TVM loaded in each): seconds each, minutes for the tuning ones.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 MLP = REPO / "examples" / "mlp.onnx"
 CNN = REPO / "examples" / "small_cnn.onnx"
@@ -282,7 +285,6 @@ def test_commands_that_only_read_the_store_do_not_load_tvm(tmp_path: Path, comma
     assert "HEAVY []" in done.stderr, done.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["pt2", "jax"])
 def test_tune_takes_a_torch_export_and_a_jax_export(fmt: str, tmp_path: Path) -> None:
     """``kiln tune`` on the two program formats beside ONNX; each artifact computes what its framework does."""

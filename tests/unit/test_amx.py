@@ -57,6 +57,7 @@ def test_blocks_take_the_deepest_reduction_and_the_rows_that_fit() -> None:
     assert amx_blocks(BF16, 32, 512) == [(2, 16), (1, 16)]  # 32 bf16 per tile row
 
 
+@pytest.mark.slow
 def test_packed_matmuls_go_on_amx_tiles_and_their_code_uses_tdpbusd() -> None:
     kernel = _packed_kernel(_matmul_graph(32, 128, 64))
     (candidate,) = sampled_candidates(kernel, AMX_TARGET, 1)

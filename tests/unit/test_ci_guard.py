@@ -32,6 +32,7 @@ def test_the_list_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert required_by_environment() == []
 
 
+@pytest.mark.slow
 def test_pytest_refuses_to_run_without_a_required_module() -> None:
     test = f"{Path(__file__).relative_to(REPO)}::test_installed_modules_and_present_flags_are_not_missing"
     env = {"PATH": "/usr/bin:/bin", REQUIRE_ENV: "numpy,kiln_no_such_extra"}

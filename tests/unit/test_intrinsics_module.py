@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tuner.intrinsics_module import PACKAGE, intrinsics_used, write_intrinsics_package
 
 CHECK = """
@@ -37,6 +39,7 @@ def test_the_names_a_trace_uses_are_found() -> None:
     assert write_intrinsics_package(Path("/nonexistent"), set()) is None  # nothing used: nothing written
 
 
+@pytest.mark.slow
 def test_plain_tvm_registers_them_by_importing_the_package(tmp_path: Path) -> None:
     used = {"kiln_amx_u8s8s32_32x32x128", "kiln_dot_16x2_avx512bf16"}
     package = write_intrinsics_package(tmp_path, used)

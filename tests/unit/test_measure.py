@@ -73,6 +73,7 @@ def test_another_process_spinning_shows_as_other_cpu_use() -> None:
     assert share > 0.6 / cpus, share
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the busy check reads /proc/stat (Linux)")
 def test_the_timing_childrens_own_cpu_is_not_other_processes_use(tmp_path: Path) -> None:
     """Kiln's timing children are the fork server's, not the caller's: each reports its CPU time, which the
