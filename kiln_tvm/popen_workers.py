@@ -95,7 +95,7 @@ def install() -> None:
     popen_pool.PopenWorker._start = start
 
 
-def _preload() -> None:
+def warm_up() -> None:
     import cloudpickle  # noqa: F401
     import tvm.driver  # noqa: F401
     import tvm.exec.popen_worker  # noqa: F401
@@ -105,7 +105,7 @@ def _preload() -> None:
     import kiln_tvm.host_cpu  # noqa: F401
 
 
-def _worker_main() -> None:
+def serve_one() -> None:
     from tvm.exec import popen_worker
 
     sys.argv = ["popen_worker", "3", "4"]  # the pipes to the parent, as descriptors 3 and 4
@@ -117,7 +117,7 @@ def main() -> None:
     """``python -m kiln_tvm.popen_workers --fork-server FD``."""
     from forkserver import serve_main
 
-    serve_main("kiln_tvm.popen_workers", _preload, _worker_main, new_session=False)
+    serve_main("kiln_tvm.popen_workers", warm_up, serve_one, new_session=False)
 
 
 if __name__ == "__main__":

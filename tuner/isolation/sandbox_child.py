@@ -164,6 +164,13 @@ def _reply(request: dict[str, Any]) -> dict[str, Any]:
         }
 
 
+def warm_up() -> None:
+    """What the fork server loads once: TVM and the importers."""
+    from tuner.frontend import warm_up as load_importers
+
+    load_importers()
+
+
 def serve_one() -> None:
     """Serve one request (see the module docstring); TVM is loaded already."""
     global _result_fd
@@ -188,7 +195,6 @@ def serve_one() -> None:
 def main() -> None:
     """``--fork-server FD``: load TVM once and fork a child per request (:mod:`forkserver`)."""
     from forkserver import serve_main
-    from tuner.frontend import warm_up
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve_main("tuner.isolation.sandbox_child", warm_up, serve_one)

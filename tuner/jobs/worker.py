@@ -9,14 +9,12 @@ then requeues its job, which resumes from the records already in the database.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +23,7 @@ from typing import Any
 
 from forkserver import ForkedProcess, shared_fork_server
 from tuner.entities import Job, JobStatus
-from tuner.errors import Conflict, KilnError
+from tuner.errors import Conflict
 from tuner.jobs.failures import CRASH_REPORT, crash_report_path
 from tuner.jobs.limits import JobLimits, JobWatch
 from tuner.settings import Settings
@@ -33,7 +31,6 @@ from tuner.store.sql import Store
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 # The longest a supervising worker goes without looking at its job (cancel requests, lost ownership).
 _SUPERVISE_POLL_S = 1.0
 # How long a tuning process that recorded its job's outcome may take to exit before it is killed.
@@ -243,86 +240,15 @@ def _kill_process_group(child: ForkedProcess) -> None:
 # ---- the tuning process ------------------------------------------------------------------------------
 
 
-class _StopCheck:
-    """``should_stop`` of a job's tuning: true once the job is cancelled or no longer this worker's."""
-
-    def __init__(self, store: Store, job_id: str, worker: str, every_s: float = 1.0) -> None:
-        self.store, self.job_id, self.worker, self.every_s = store, job_id, worker, every_s
-        self._checked_at = 0.0
-        self._stop = False
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if not self._stop and now - self._checked_at >= self.every_s:
-            self._checked_at = now
-            try:
-                job = self.store.get_job(self.job_id)
-            except Exception:
-                return False
-            self._stop = (
-                job.cancel_requested or job.status is not JobStatus.RUNNING or job.worker != self.worker
-            )
-        return self._stop
-
-
-def _die_with_parent() -> None:
-    # If the worker is killed (even with SIGKILL), the kernel kills this process too.
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _start_tuning_process(job_id: str, worker: str, settings: Settings) -> ForkedProcess:
-    """A job's tuning process, forked from this process's job fork server; the job is sent on stdin."""
+    """A job's tuning process, forked from this process's job fork server (:mod:`tuner.jobs.worker_child`);
+    the job is sent on stdin."""
     stdin_r, stdin_w = os.pipe()
     try:
-        child = shared_fork_server("tuner.jobs.worker").spawn([stdin_r, 1, 2], dict(os.environ))
+        child = shared_fork_server("tuner.jobs.worker_child").spawn([stdin_r, 1, 2], dict(os.environ))
     finally:
         os.close(stdin_r)
     with os.fdopen(stdin_w, "wb") as stdin:
         request = {"job_id": job_id, "worker": worker, "settings": settings.model_dump_json()}
         stdin.write(json.dumps(request).encode())
     return child
-
-
-def _preload() -> None:
-    import tuner.isolation.fatal_signals  # noqa: F401
-    import tuner.jobs.pipeline  # noqa: F401 - TVM, the importers, the tuner: loaded once, before any fork
-
-
-def _child_main() -> None:
-    """A job's tuning process (forked by the job fork server; the job and settings on stdin)."""
-    request = json.loads(sys.stdin.read())
-    job_id, worker = request["job_id"], request["worker"]
-    _die_with_parent()  # the fork server, which exits with the worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the worker, which decides
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    from tuner.isolation.fatal_signals import report_fatal_signals
-    from tuner.jobs.pipeline import execute_job
-
-    settings = Settings.model_validate_json(request["settings"])
-    crash_report = crash_report_path(settings.jobs_dir, job_id)
-    crash_report.parent.mkdir(parents=True, exist_ok=True)
-    report_fatal_signals(crash_report.open("a"))  # open for the life of the process
-    store = Store.from_settings(settings)
-    try:
-        job = store.get_job(job_id)
-        execute_job(store, settings, job, should_stop=_StopCheck(store, job_id, worker))
-    except KilnError as exc:
-        log.info("job %s ended: %s", job_id, exc.message)  # already recorded on the job
-    finally:
-        store.dispose()
-    os._exit(0)
-
-
-def main() -> None:
-    """``python -m tuner.jobs.worker --fork-server FD``: the job fork server."""
-    from forkserver import serve_main
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve_main("tuner.jobs.worker", _preload, _child_main)
-
-
-if __name__ == "__main__":
-    main()

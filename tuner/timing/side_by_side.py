@@ -2,9 +2,9 @@
 
 Thread pools of different runtimes (TVM, onnxruntime, XGBoost in the tuning process) keep spinning for
 a while after a call and slow each other down on a machine with few cores, so every figure Kiln reports
-is measured in a child process of its own, forked from ``python -m tuner.timing.side_by_side --fork-server FD``
-(which has imported TVM and, when installed, onnxruntime, and run nothing: no runtime's threads exist before the fork, and
-a child does not pay the seconds of loading them). A child reads ``[KIND, PATH, INPUTS_NPZ, BUDGET_S]``
+is measured in a child process of its own, forked from the fork server of :mod:`tuner.timing.timing_child`
+(which has imported TVM and, when installed, onnxruntime, and run nothing: no runtime's threads exist
+before the fork, and a child does not pay the seconds of loading them). A child reads ``[KIND, PATH, INPUTS_NPZ, BUDGET_S]``
 as JSON on stdin (:func:`run_child`; the same children profile a model and measure the machine's
 limits). KIND is ``tvm`` (PATH: a library exported by ``export_library``) or ``onnxruntime`` (PATH: an
 ONNX file). Both are timed the same way, by :func:`tuner.timing.calls.median_call_ms`. It prints one JSON
@@ -18,14 +18,12 @@ the CPUs other processes used meanwhile, and says so when the figures may be off
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,71 +31,23 @@ import numpy as np
 
 from forkserver import shared_fork_server
 from tuner.entities import LatencyReport, Timing
-from tuner.timing.calls import BUDGET_S, median_call_ms
+from tuner.timing.calls import BUDGET_S
 
-KINDS = ("tvm", "onnxruntime")
 #: Other processes using more than this share of all CPUs while timing: the figures get a warning.
 BUSY_CPU_SHARE = 0.25
 #: Rounds of one implementation that differ by more than this (max - min over median): a warning.
 DISAGREEING_SPREAD = 0.25
 
 
-def _tvm_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
-    from kiln_tvm import tvm
-    from tuner.compile import LoadedModel
-
-    return LoadedModel(tvm.runtime.load_module(path)).bound_call(inputs)
-
-
-def _onnxruntime_call(path: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    feed = {arg.name: x for arg, x in zip(session.get_inputs(), inputs, strict=True)}
-    return lambda: session.run(None, feed)
-
-
-def _child(kind: str, *args: str) -> None:
-    result = _child_result(kind, *args)
-    if kind in KINDS:
-        # A timing's CPU time, all its threads (a forked child's count starts at zero): the fork server, not
-        # the caller, is its parent, so the caller's busy check cannot count it as its own any other way.
-        times = os.times()
-        result["cpu_s"] = times.user + times.system
-    print(json.dumps(result))
-
-
-def _child_result(kind: str, *args: str) -> dict[str, Any]:
-    """What one child computes: a timing (``tvm``, ``onnxruntime``), a profile (``tvm-profile``,
-    ``onnxruntime-profile``; :mod:`tuner.timing.profile_runs`) or this machine's limits (``limits``)."""
-    if kind == "limits":
-        from tuner.timing.roofline import measure_limits
-
-        return measure_limits(json.loads(args[0])).as_dict()
-    path, inputs_npz, budget_s = args[0], args[1], float(args[2]) if len(args) > 2 else BUDGET_S
-    with np.load(inputs_npz) as data:
-        inputs = [data[f"arg{i}"] for i in range(len(data.files))]
-    if kind == "tvm-profile":
-        from tuner.timing.profile_runs import tvm_kernel_calls
-
-        return tvm_kernel_calls(path, inputs, budget_s)
-    if kind == "onnxruntime-profile":
-        from tuner.timing.profile_runs import onnxruntime_node_times
-
-        return onnxruntime_node_times(path, inputs, budget_s)
-    call = _tvm_call(path, inputs) if kind == "tvm" else _onnxruntime_call(path, inputs)
-    median_ms, calls = median_call_ms(call, budget_s)
-    return {"kind": kind, "median_ms": median_ms, "calls": calls}
-
-
 def run_child(request: list[str], timeout_s: float = 600) -> dict[str, Any]:
-    """Run one request (``[KIND, ARGS...]``, see :func:`_child_result`) in a fresh forked process and
+    """Run one request (``[KIND, ARGS...]``, see :func:`tuner.timing.timing_child.request_result`) in a
+    fresh process forked from the timing children's fork server (:mod:`tuner.timing.timing_child`), and
     return what it printed; :class:`RuntimeError` when it fails or outlives ``timeout_s``."""
     what = request[0] if request[0] == "limits" else " ".join(Path(a).name for a in request[:2])
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         stdin_r, stdin_w = os.pipe()
         try:
-            child = shared_fork_server("tuner.timing.side_by_side").spawn(
+            child = shared_fork_server("tuner.timing.timing_child").spawn(
                 [stdin_r, out.fileno(), err.fileno()]
             )
         finally:
@@ -152,7 +102,7 @@ def interleaved_timings(
     measured: dict[str, list[float]] = {name: [] for name in contenders}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     # Up before the sampler starts: its seconds of loading TVM and onnxruntime, once per process, are Kiln's.
-    shared_fork_server("tuner.timing.side_by_side").start()
+    shared_fork_server("tuner.timing.timing_child").start()
     sampler = OtherCpuSampler()
     children_cpu_s = 0.0
     with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
@@ -231,35 +181,3 @@ def _machine_busy_s() -> float | None:
 def _own_cpu_s() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
-
-
-def _preload() -> None:
-    import tuner.compile  # noqa: F401 - TVM and Kiln's loader
-    from kiln_tvm import tvm  # noqa: F401
-
-    # onnxruntime is a peer, not a part of Kiln: where it is missing the job measures without it and says
-    # so (tuner.timing.verify.onnxruntime_model), and the children must still start.
-    with contextlib.suppress(ImportError):
-        import onnxruntime  # noqa: F401
-
-
-def _forked_child() -> None:
-    try:
-        _child(*json.loads(sys.stdin.read()))
-    except BaseException as exc:  # noqa: BLE001 - reported on stderr with a failing exit code
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)
-
-
-def main() -> None:
-    """``python -m tuner.timing.side_by_side --fork-server FD``: the fork server of timing children."""
-    from forkserver import serve_main
-
-    serve_main("tuner.timing.side_by_side", _preload, _forked_child)
-
-
-if __name__ == "__main__":
-    main()

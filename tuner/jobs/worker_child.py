@@ -1,0 +1,96 @@
+"""A job's tuning process: forked from ``python -m tuner.jobs.worker_child --fork-server FD`` (which has
+loaded TVM, the importers and the tuner once, and run nothing), it reads its job and the settings on stdin
+and runs the job (:func:`tuner.jobs.pipeline.execute_job`); the worker that started it
+(:mod:`tuner.jobs.worker`) supervises it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from tuner.entities import JobStatus
+from tuner.errors import KilnError
+from tuner.jobs.failures import crash_report_path
+from tuner.settings import Settings
+from tuner.store import Store
+
+log = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1
+
+
+class _StopCheck:
+    """``should_stop`` of a job's tuning: true once the job is cancelled or no longer this worker's."""
+
+    def __init__(self, store: Store, job_id: str, worker: str, every_s: float = 1.0) -> None:
+        self.store, self.job_id, self.worker, self.every_s = store, job_id, worker, every_s
+        self._checked_at = 0.0
+        self._stop = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._stop and now - self._checked_at >= self.every_s:
+            self._checked_at = now
+            try:
+                job = self.store.get_job(self.job_id)
+            except Exception:
+                return False
+            self._stop = (
+                job.cancel_requested or job.status is not JobStatus.RUNNING or job.worker != self.worker
+            )
+        return self._stop
+
+
+def _die_with_parent() -> None:
+    # If the worker is killed (even with SIGKILL), the kernel kills this process too.
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def warm_up() -> None:
+    import tuner.isolation.fatal_signals  # noqa: F401
+    import tuner.jobs.pipeline  # noqa: F401 - TVM, the importers, the tuner: loaded once, before any fork
+
+
+def serve_one() -> None:
+    """A job's tuning process (forked by the job fork server; the job and settings on stdin)."""
+    request = json.loads(sys.stdin.read())
+    job_id, worker = request["job_id"], request["worker"]
+    _die_with_parent()  # the fork server, which exits with the worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the worker, which decides
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from tuner.isolation.fatal_signals import report_fatal_signals
+    from tuner.jobs.pipeline import execute_job
+
+    settings = Settings.model_validate_json(request["settings"])
+    crash_report = crash_report_path(settings.jobs_dir, job_id)
+    crash_report.parent.mkdir(parents=True, exist_ok=True)
+    report_fatal_signals(crash_report.open("a"))  # open for the life of the process
+    store = Store.from_settings(settings)
+    try:
+        job = store.get_job(job_id)
+        execute_job(store, settings, job, should_stop=_StopCheck(store, job_id, worker))
+    except KilnError as exc:
+        log.info("job %s ended: %s", job_id, exc.message)  # already recorded on the job
+    finally:
+        store.dispose()
+    os._exit(0)
+
+
+def main() -> None:
+    """``python -m tuner.jobs.worker_child --fork-server FD``: the job fork server."""
+    from forkserver import serve_main
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve_main("tuner.jobs.worker_child", warm_up, serve_one)
+
+
+if __name__ == "__main__":
+    main()
