@@ -286,15 +286,22 @@ def _check(settings: Settings, job: Job, planned: _Planned, built: _Built, recor
     accuracy = None
     if plan.fusion.reduced_ops:  # bf16/fp16 products: held to the policy's norm-wise error
         comparisons, accuracy = verify_reduced_precision(
-            imported, built.tuned_exe, untuned_exe, spec.seed, spec.precision, floats
+            imported, built.tuned_exe, untuned_exe, seed=spec.seed, policy=spec.precision, float_model=floats
         )
     else:
-        comparisons = verify_outputs(settings, imported, built.tuned_exe, untuned_exe, inputs, quantized)
+        comparisons = verify_outputs(
+            settings, imported, built.tuned_exe, untuned_exe, inputs=inputs, reference_semantics=quantized
+        )
     if quantized or (floats is not None and accuracy is None):
         accuracy = measure_accuracy(imported, built.tuned_exe, spec.seed, floats) or accuracy
     recorder.stage("measuring")
     latency = measure_latencies(
-        imported, untuned_exe, built.tuned_lib, built.tuned_lib.parent, inputs, settings.latency_rounds
+        imported,
+        untuned_exe,
+        built.tuned_lib,
+        build_dir=built.tuned_lib.parent,
+        inputs=inputs,
+        rounds=settings.latency_rounds,
     )
     if settings.profile_budget_s > 0:
         recorder.stage("profiling")

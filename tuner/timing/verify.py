@@ -117,6 +117,7 @@ def verify_outputs(
     imported: ImportedModel,
     tuned_exe: Any,
     untuned_exe: Any,
+    *,
     inputs: list[np.ndarray],
     reference_semantics: bool = False,
 ) -> list[Comparison]:
@@ -176,6 +177,7 @@ def verify_reduced_precision(
     imported: ImportedModel,
     tuned_exe: Any,
     untuned_exe: Any,
+    *,
     seed: int,
     policy: str,
     float_model: FloatReference | None = None,
@@ -242,6 +244,7 @@ def measure_latencies(
     imported: ImportedModel,
     untuned_exe: Any,
     tuned_lib: Path,
+    *,
     build_dir: Path,
     inputs: list[np.ndarray],
     rounds: int = 3,
