@@ -74,9 +74,9 @@ def _tune(task: Any, target: Any, model: Any, trials: int, work: Path) -> dict[s
         [task],
         target,
         ms.database.MemoryDatabase(),
-        Budget(trials=trials, seed=SEED),
-        MeasureConfig(space_options=SpaceOptions(caches=host_caches())),
-        work,
+        budget=Budget(trials=trials, seed=SEED),
+        config=MeasureConfig(space_options=SpaceOptions(caches=host_caches())),
+        work_dir=work,
         on_batch=on_batch,
         cost_model=ranking,
     )

@@ -101,9 +101,9 @@ def child(kernel: str, space: str, seed: int, trials: int, out: Path) -> None:
         [_Task(kernel, build_kernel(kernel))],
         target,
         ms.database.MemoryDatabase(),
-        Budget(trials=trials, seed=seed),
-        config,
-        out.parent / f"{out.stem}-ms",
+        budget=Budget(trials=trials, seed=seed),
+        config=config,
+        work_dir=out.parent / f"{out.stem}-ms",
         on_batch=on_batch,
     )
     out.write_text(

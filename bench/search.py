@@ -84,7 +84,8 @@ def _tune_kiln(
     from tuner.tune import Budget, MeasureConfig, tune_tasks
 
     measure = MeasureConfig(**KILN_CONFIGS[config])
-    return tune_tasks(tasks, target, database, Budget(trials=trials, seed=seed), measure, work_dir).profile
+    budget = Budget(trials=trials, seed=seed)
+    return tune_tasks(tasks, target, database, budget=budget, config=measure, work_dir=work_dir).profile
 
 
 def child(config: str, onnx_path: Path, trials: int, out: Path, seed: int, fast_math: bool) -> None:

@@ -136,10 +136,21 @@ def tune(
 
     settings = current_settings()
     spec = _job_spec(
-        target, trials, time, per_task, seed, input_shape, cost_model, RunnerSpec(), space, precision
+        target,
+        trials=trials,
+        time=time,
+        per_task=per_task,
+        seed=seed,
+        input_shape=input_shape,
+        cost_model=cost_model,
+        runner=RunnerSpec(),
+        space=space,
+        precision=precision,
     )
     store = open_store()
-    info, job = _queue(store, model, spec, name, owner, float_model, input_value)
+    info, job = _queue(
+        store, model, spec, name=name, owner=owner, float_model=float_model, input_value=input_value
+    )
     console.print(
         f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
     )
@@ -246,13 +257,27 @@ def submit(
     runner = RunnerSpec()
     if rpc_tracker or rpc_key:
         runner = RunnerSpec("rpc", rpc_tracker or current_settings().rpc_tracker or "", rpc_key or "")
-    spec = _job_spec(target, trials, time, per_task, seed, input_shape, cost_model, runner, space, precision)
-    info, job = _queue(open_store(), model, spec, name, owner, float_model, input_value)
+    spec = _job_spec(
+        target,
+        trials=trials,
+        time=time,
+        per_task=per_task,
+        seed=seed,
+        input_shape=input_shape,
+        cost_model=cost_model,
+        runner=runner,
+        space=space,
+        precision=precision,
+    )
+    info, job = _queue(
+        open_store(), model, spec, name=name, owner=owner, float_model=float_model, input_value=input_value
+    )
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
 
 
 def _job_spec(
     target: str,
+    *,
     trials: int | None,
     time: str | None,
     per_task: int | None,
@@ -286,6 +311,7 @@ def _queue(
     store: Store,
     model: Path,
     spec: JobSpec,
+    *,
     name: str | None,
     owner: str,
     float_model: Path | None = None,

@@ -118,7 +118,7 @@ def _transferred(
         return ScheduleSource.NONE, None
     cores = int(target.attrs.get("num-cores", physical_core_count())) if target.kind.name == "llvm" else 1
     space = "cpu" if target.kind.name == "llvm" else None
-    context = _context(mod, target, task_name, space, caches, cores)
+    context = _context(mod, target, task_name, space, caches=caches, cores=cores)
     sch = next(iter(transferred_schedules(family, anchored, context, 1)), None)
     if sch is not None:
         return ScheduleSource.SIMILAR, sch
@@ -138,11 +138,11 @@ def untuned_schedule(
         return ScheduleSource.NONE, None
     cores = int(target.attrs.get("num-cores", physical_core_count()))
     try:
-        poly = _context(mod, target, task_name, "cpu-poly", caches, cores)
+        poly = _context(mod, target, task_name, "cpu-poly", caches=caches, cores=cores)
         seeds = seed_schedules(poly, MachineModel(fp32_lanes(target), cores, caches), 1, unmeasured=True)
         if seeds:
             return ScheduleSource.MODEL, seeds[0]
-        sampled = _design_space_sample(_context(mod, target, task_name, "cpu", caches, cores))
+        sampled = _design_space_sample(_context(mod, target, task_name, "cpu", caches=caches, cores=cores))
     except Exception as exc:  # noqa: BLE001 - a kernel no generator takes is compiled unscheduled
         log.info("no untuned schedule of %s: %s", task_name, str(exc).splitlines()[0] if str(exc) else exc)
         return ScheduleSource.NONE, None
@@ -150,7 +150,7 @@ def untuned_schedule(
 
 
 def _context(
-    mod: Any, target: Target, task_name: str, space: str | None, caches: CacheHierarchy, cores: int
+    mod: Any, target: Target, task_name: str, space: str | None, *, caches: CacheHierarchy, cores: int
 ) -> Any:
     return ms.TuneContext(
         mod=mod,

@@ -183,10 +183,10 @@ def tune_tasks(
     tasks: list[Any],
     target: Target,
     database: Any,
+    *,
     budget: Budget,
     config: MeasureConfig,
     work_dir: Path,
-    *,
     on_batch: BatchListener | None = None,
     should_stop: StopCheck | None = None,
     time_left_s: TimeLeft | None = None,
@@ -199,9 +199,9 @@ def tune_tasks(
     ``tasks`` are MetaSchedule ``ExtractedTask``s in the order the caller indexes them; ``on_batch``
     receives that index. The search ends when the trials are spent, when ``should_stop()`` says so
     (checked before each batch), or before a batch that would not fit in ``time_left_s()`` seconds.
-    A seeded space (``cpu-poly``) first measures each task's seed schedules, a batch per task after the
-    default schedules, within :data:`SEED_TIME_SHARE` of the time left; they are trials of their tasks
-    and the search's first population draws on them.
+    Before the search, each task's default schedules are measured and, in a seeded space (``cpu-poly``),
+    its seed schedules (:func:`_measure_before_search`); they are trials of their tasks and the search's
+    first population draws on them.
     ``limits`` (this machine's measured roofs, for a target run here) give each fp32 task its roofline,
     which steers the scheduler's trials and ends a task's search once it is close to it.
     ``cost_model``: the model that ranks the search's candidates (a pretrained one,
@@ -211,10 +211,74 @@ def tune_tasks(
     if budget.trials == 0 or not tasks:
         return TuningReport()
     register_cpu_tensor_intrinsics()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tuning = _start(
+        tasks,
+        target,
+        database,
+        budget=budget,
+        config=config,
+        work_dir=work_dir,
+        time_left_s=time_left_s,
+        cost_model=cost_model,
+    )
+    profiler = ms.Profiler()
+    try:
+        with profiler:
+            default_ms, spent = _measure_before_search(
+                tuning, on_batch=on_batch, should_stop=should_stop, time_left_s=time_left_s
+            )
+            if budget.trials is None or spent < budget.trials:
+                _search(
+                    tuning,
+                    work_dir=work_dir,
+                    spent=spent,
+                    default_ms=default_ms,
+                    on_batch=on_batch,
+                    should_stop=should_stop,
+                    time_left_s=time_left_s,
+                    limits=limits,
+                )
+    finally:
+        tuning.builder.shutdown()
+        # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
+        (work_dir / "profile.txt").write_text(str(profiler.table()))
+    return _report(tuning, profiler)
+
+
+@dataclass
+class _Tuning:
+    """What one :func:`tune_tasks` call sets up once and its phases share: a tune context per task (in the
+    tasks' order), the builder, runner and cost model, and the space's statistics per task."""
+
+    tasks: list[Any]
+    target: Target
+    database: Any
+    budget: Budget
+    config: MeasureConfig
+    cores: int
+    contexts: list[Any]
+    stats: list[PruningStats]
+    builder: PooledBuilder
+    runner: Any
+    cost_model: Any
+    seeded_space: bool
+
+
+def _start(
+    tasks: list[Any],
+    target: Target,
+    database: Any,
+    *,
+    budget: Budget,
+    config: MeasureConfig,
+    work_dir: Path,
+    time_left_s: TimeLeft | None,
+    cost_model: Any | None,
+) -> _Tuning:
     cores = physical_core_count()
     if target.kind.name == "llvm":
         cores = int(target.attrs.get("num-cores", cores))
-    work_dir.mkdir(parents=True, exist_ok=True)
     loggers = _task_loggers(work_dir, [str(t.task_name) for t in tasks])
     seeds = ms.utils.fork_seed(budget.seed, n=len(tasks))
     per_iter = trials_per_iter(budget, len(tasks), config.trials_per_iter)
@@ -233,15 +297,6 @@ def tune_tasks(
         ).clone()
         for task, logger, seed, task_stats in zip(tasks, loggers, seeds, stats, strict=True)
     ]
-    builder = PooledBuilder(
-        max_workers=config.builder_workers or cores, timeout_sec=60.0, time_left_s=time_left_s
-    )
-    callbacks = [
-        ms.measure_callback.AddToDatabase(),
-        ms.measure_callback.RemoveBuildArtifact(),
-        ms.measure_callback.UpdateCostModel(),
-        ProgressCallback(on_batch),
-    ]
     log.info(
         "tuning %d tasks: %s trials, %s s (per task cap %s, %d per round, population %d) on %s",
         len(tasks),
@@ -252,104 +307,131 @@ def tune_tasks(
         population,
         target,
     )
-    runner = make_runner(config)
-    model = cost_model if cost_model is not None else make_cost_model(config.cost_model, cores)
-    space = get_space(config.space or default_space_name(target))
+    return _Tuning(
+        tasks=tasks,
+        target=target,
+        database=database,
+        budget=budget,
+        config=config,
+        cores=cores,
+        contexts=contexts,
+        stats=stats,
+        builder=PooledBuilder(
+            max_workers=config.builder_workers or cores, timeout_sec=60.0, time_left_s=time_left_s
+        ),
+        runner=make_runner(config),
+        cost_model=cost_model if cost_model is not None else make_cost_model(config.cost_model, cores),
+        seeded_space=get_space(config.space or default_space_name(target)).seeded,
+    )
+
+
+def _measure_before_search(
+    tuning: _Tuning,
+    *,
+    on_batch: BatchListener | None,
+    should_stop: StopCheck | None,
+    time_left_s: TimeLeft | None,
+) -> tuple[dict[int, float], int]:
+    """Each task's default schedules, then, in a seeded space, its seed schedules, measured and stored:
+    the default schedules' latencies (ms) by task index, and the trials spent."""
+    budget, config, database = tuning.budget, tuning.config, tuning.database
     # A task that starts warm (an earlier job or attempt stored its records) needs no seeds: the search's
-    # first population already draws on the measured records.
+    # first population already draws on the measured records. Asked before the default schedules store any.
     warm = set()
-    if space.seeded:
+    if tuning.seeded_space:
         warm = {
-            i for i, t in enumerate(tasks) if database.get_top_k(database.commit_workload(t.dispatched[0]), 1)
+            i
+            for i, t in enumerate(tuning.tasks)
+            if database.get_top_k(database.commit_workload(t.dispatched[0]), 1)
         }
-    profiler = ms.Profiler()
-    try:
-        with profiler:
-            default_ms, spent = {}, 0
-            if config.default_schedules:
-                with ms.Profiler.timeit("Kiln/DefaultSchedules"):
-                    default_ms, spent = measure_default_schedules(
-                        tasks,
-                        target,
-                        database,
-                        builder=builder,
-                        runner=runner,
-                        on_batch=on_batch,
-                        limit=budget.trials,
-                        cost_model=model,
-                    )
-            if space.seeded and config.space_options.seeds > 0:
-                with ms.Profiler.timeit("Kiln/PolyhedralSeeds"):
-                    limit = None if budget.trials is None else budget.trials - spent
-                    seeds_stop = _seed_phase_stop(should_stop, time_left_s)
-                    seeded = _measure_seeds(
-                        tasks,
-                        contexts,
-                        target=target,
-                        config=config,
-                        cores=cores,
-                        database=database,
-                        builder=builder,
-                        runner=runner,
-                        on_batch=on_batch,
-                        limit=limit,
-                        warm=warm,
-                        stop=seeds_stop,
-                        cost_model=model,
-                    )
-                for index, count in seeded.items():
-                    stats[index].seeds = count
-                spent += sum(seeded.values())
-            if budget.trials is not None and spent >= budget.trials:
-                return TuningReport(
-                    _profile(profiler), _search_stats(space.seeded, stats, config.space_options.caches)
-                )
-            # The search's rounds are sized to what the default schedules and the seeds left of the
-            # budget: sized to the whole, a small budget's last rounds would not fit and go unspent.
-            if budget.trials is not None and spent:
-                per_iter = trials_per_iter(
-                    replace(budget, trials=budget.trials - spent), len(tasks), config.trials_per_iter
-                )
-            ms.tune_tasks(
-                tasks=contexts,
-                task_weights=[float(t.weight) for t in tasks],
-                work_dir=str(work_dir),
-                max_trials_global=_max_trials_global(budget, per_iter, spent),
-                # MetaSchedule caps each task at the global count when given no cap, and clamps a task's
-                # batch to its cap: a scheduler that gives one heavy task most rounds would stop short of
-                # the budget. Capped at the trials left instead, every batch still ends within the budget.
-                max_trials_per_task=budget.max_trials_per_task
-                or (None if budget.trials is None else max(1, budget.trials - spent)),
-                num_trials_per_iter=per_iter,
-                builder=builder,
-                runner=runner,
-                database=database,
-                cost_model=cost_model
-                if cost_model is not None
-                else make_cost_model(config.cost_model, cores),
-                measure_callbacks=callbacks,
-                task_scheduler=KilnTaskScheduler(
-                    should_stop,
-                    time_left_s,
-                    seed=budget.seed,
-                    default_ms=default_ms,
-                    known_ms=_best_known_ms(tasks, database),
-                    floor_ms=(
-                        roofline_floors_ms(tasks, limits, config.space_options.caches)
-                        if limits is not None
-                        else None
-                    ),
-                ),
+    default_ms: dict[int, float] = {}
+    spent = 0
+    if config.default_schedules:
+        with ms.Profiler.timeit("Kiln/DefaultSchedules"):
+            default_ms, spent = measure_default_schedules(
+                tuning.tasks,
+                tuning.target,
+                database,
+                builder=tuning.builder,
+                runner=tuning.runner,
+                on_batch=on_batch,
+                limit=budget.trials,
+                cost_model=tuning.cost_model,
             )
-    finally:
-        builder.shutdown()
-        # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
-        (work_dir / "profile.txt").write_text(str(profiler.table()))
-    report = TuningReport(_profile(profiler), _search_stats(space.seeded, stats, config.space_options.caches))
-    ranked = getattr(model, "first_ranked", None)
+    if tuning.seeded_space and config.space_options.seeds > 0:
+        with ms.Profiler.timeit("Kiln/PolyhedralSeeds"):
+            seeded = _measure_seeds(
+                tuning,
+                on_batch=on_batch,
+                limit=None if budget.trials is None else budget.trials - spent,
+                warm=warm,
+                stop=_seed_phase_stop(should_stop, time_left_s),
+            )
+        for index, count in seeded.items():
+            tuning.stats[index].seeds = count
+        spent += sum(seeded.values())
+    return default_ms, spent
+
+
+def _search(
+    tuning: _Tuning,
+    *,
+    work_dir: Path,
+    spent: int,
+    default_ms: dict[int, float],
+    on_batch: BatchListener | None,
+    should_stop: StopCheck | None,
+    time_left_s: TimeLeft | None,
+    limits: MachineLimits | None,
+) -> None:
+    """MetaSchedule's evolutionary search over the trials left after ``spent``, its tasks chosen by
+    :class:`KilnTaskScheduler`."""
+    tasks, budget, config = tuning.tasks, tuning.budget, tuning.config
+    # The search's rounds are sized to what the default schedules and the seeds left of the budget:
+    # sized to the whole, a small budget's last rounds would not fit and go unspent.
+    left = budget if budget.trials is None or not spent else replace(budget, trials=budget.trials - spent)
+    per_iter = trials_per_iter(left, len(tasks), config.trials_per_iter)
+    ms.tune_tasks(
+        tasks=tuning.contexts,
+        task_weights=[float(t.weight) for t in tasks],
+        work_dir=str(work_dir),
+        max_trials_global=_max_trials_global(budget, per_iter, spent),
+        # MetaSchedule caps each task at the global count when given no cap, and clamps a task's batch
+        # to its cap: a scheduler that gives one heavy task most rounds would stop short of the budget.
+        # Capped at the trials left instead, every batch still ends within the budget.
+        max_trials_per_task=budget.max_trials_per_task
+        or (None if budget.trials is None else max(1, budget.trials - spent)),
+        num_trials_per_iter=per_iter,
+        builder=tuning.builder,
+        runner=tuning.runner,
+        database=tuning.database,
+        cost_model=tuning.cost_model,
+        measure_callbacks=[
+            ms.measure_callback.AddToDatabase(),
+            ms.measure_callback.RemoveBuildArtifact(),
+            ms.measure_callback.UpdateCostModel(),
+            ProgressCallback(on_batch),
+        ],
+        task_scheduler=KilnTaskScheduler(
+            should_stop=should_stop,
+            time_left_s=time_left_s,
+            seed=budget.seed,
+            default_ms=default_ms,
+            known_ms=_best_known_ms(tasks, tuning.database),
+            floor_ms=(
+                roofline_floors_ms(tasks, limits, config.space_options.caches) if limits is not None else None
+            ),
+        ),
+    )
+
+
+def _report(tuning: _Tuning, profiler: Any) -> TuningReport:
+    caches = tuning.config.space_options.caches
+    report = TuningReport(_profile(profiler), _search_stats(tuning.seeded_space, tuning.stats, caches))
+    ranked = getattr(tuning.cost_model, "first_ranked", None)
     if ranked is not None:
         # How many measured samples had trained the cost model when it first ranked each task's candidates.
-        for index, task in enumerate(tasks):
+        for index, task in enumerate(tuning.tasks):
             if str(task.task_name) in ranked:
                 report.search_stats.setdefault(index, {})["ranked_with_samples"] = ranked[str(task.task_name)]
     return report
@@ -363,20 +445,12 @@ def _search_stats(kept: bool, stats: list[PruningStats], caches: CacheHierarchy)
 
 
 def _measure_seeds(
-    tasks: list[Any],
-    contexts: list[Any],
+    tuning: _Tuning,
     *,
-    target: Target,
-    config: MeasureConfig,
-    cores: int,
-    database: Any,
-    builder: Any,
-    runner: Any,
     on_batch: BatchListener | None,
     limit: int | None,
     warm: set[int],
     stop: StopCheck,
-    cost_model: Any,
 ) -> dict[int, int]:
     """Measure and store each task's seed schedules (a batch per task); returns how many each got.
 
@@ -384,15 +458,16 @@ def _measure_seeds(
     operator at other shapes), replayed with their tiles adapted; the polyhedral model's tilings follow.
     Within a trial ``limit``, each task gets at most half of its share of it, so that a small budget still
     measures every task and leaves the search its turn. The ``warm`` tasks get none. No task is seeded
-    once ``stop()`` says so (checked before each task's seeds are generated). ``cost_model`` learns the
+    once ``stop()`` says so (checked before each task's seeds are generated). The cost model learns the
     seeds that ran.
     """
-    machine = MachineModel(fp32_lanes(target), cores, config.space_options.caches)
-    per_task = config.space_options.seeds
+    tasks = tuning.tasks
+    machine = MachineModel(fp32_lanes(tuning.target), tuning.cores, tuning.config.space_options.caches)
+    per_task = tuning.config.space_options.seeds
     if limit is not None:
         per_task = min(per_task, max(1, limit // (2 * len(tasks))))
     counts: dict[int, int] = {}
-    for index, context in enumerate(contexts):
+    for index, context in enumerate(tuning.contexts):
         if index in warm:
             continue
         if stop():
@@ -402,10 +477,20 @@ def _measure_seeds(
         if left is not None and left <= 0:
             break
         wanted = per_task if left is None else min(per_task, left)
-        transferred = _transferred_seeds(database, context, wanted)
+        transferred = _transferred_seeds(tuning.database, context, wanted)
         schedules = transferred + seed_schedules(context, machine, wanted - len(transferred))
         candidates = [(index, tasks[index].dispatched[0], sch) for sch in schedules]
-        measure_schedules(candidates, tasks, target, database, builder, runner, on_batch, "seed", cost_model)
+        measure_schedules(
+            candidates,
+            tasks,
+            tuning.target,
+            database=tuning.database,
+            builder=tuning.builder,
+            runner=tuning.runner,
+            on_batch=on_batch,
+            what="seed",
+            cost_model=tuning.cost_model,
+        )
         if candidates:
             counts[index] = len(candidates)
     return counts

@@ -277,10 +277,10 @@ def _converters(tvm_map: dict[str, Any]) -> dict[str, type]:
             return stft(
                 bb,
                 inputs[0],
-                constant_int(inputs[1], "STFT's frame_step"),
-                window,
-                constant_int(length, "STFT's frame_length") if length is not None else None,
-                bool(attr.get("onesided", 1)),
+                step=constant_int(inputs[1], "STFT's frame_step"),
+                window=window,
+                frame_length=constant_int(length, "STFT's frame_length") if length is not None else None,
+                onesided=bool(attr.get("onesided", 1)),
             )
 
     return {

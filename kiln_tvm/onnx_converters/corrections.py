@@ -107,6 +107,7 @@ def resize_parameters(
     roi: np.ndarray | None,
     scales: np.ndarray | None,
     sizes: np.ndarray | None,
+    *,
     axes: list[int] | None,
     policy: str,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
@@ -155,7 +156,7 @@ def window(kind: str, size: int, periodic: bool, dtype: str) -> Any:
 
 
 def mel_weight_matrix(
-    bins: int, dft_length: int, rate: int, lower: float, upper: float, dtype: str
+    bins: int, dft_length: int, rate: int, *, lower: float, upper: float, dtype: str
 ) -> np.ndarray:
     """ONNX's ``MelWeightMatrix`` (its reference implementation's formula): [dft_length // 2 + 1, bins]."""
     spectrogram_bins = dft_length // 2 + 1
@@ -286,7 +287,7 @@ def corrections(base: type, tvm_map: dict[str, Any]) -> dict[str, type]:
             bins, dft_length, rate = (int(n.reshape(-1)[0]) for n in numbers[:3])  # type: ignore[union-attr]
             lower, upper = (float(n.reshape(-1)[0]) for n in numbers[3:])  # type: ignore[union-attr]
             dtype = onnx_dtype(int(attr.get("output_datatype", 1)))
-            return constant(mel_weight_matrix(bins, dft_length, rate, lower, upper, dtype))
+            return constant(mel_weight_matrix(bins, dft_length, rate, lower=lower, upper=upper, dtype=dtype))
 
     class CenterCropPad(base):  # type: ignore[misc, valid-type]
         """:func:`center_crop_pad` of a constant target shape."""
@@ -319,7 +320,9 @@ def corrections(base: type, tvm_map: dict[str, Any]) -> dict[str, type]:
             if any(v is None and g is not None for v, g in zip(values, given[1:], strict=True)):
                 raise ValueError("Resize with axes and its roi, scales or sizes computed at run time")
             axes = [int(a) for a in attr["axes"]] if "axes" in attr else None
-            roi, scales, sizes = resize_parameters(static_shape(bb, inputs[0]), *values, axes, policy)
+            roi, scales, sizes = resize_parameters(
+                static_shape(bb, inputs[0]), *values, axes=axes, policy=policy
+            )
             kept = {k: v for k, v in attr.items() if k not in ("axes", "keep_aspect_ratio_policy")}
             normalized = [
                 inputs[0],

@@ -73,7 +73,7 @@ def with_length(bb: Any, x: Any, axis: int, length: int) -> Any:
     return x
 
 
-def stft(bb: Any, signal: Any, step: int, window: Any, frame_length: int | None, onesided: bool) -> Any:
+def stft(bb: Any, signal: Any, *, step: int, window: Any, frame_length: int | None, onesided: bool) -> Any:
     """The short-time Fourier transform of ``signal`` [batch, length, 1 or 2]: frames of ``frame_length``
     samples (the window's length when None) every ``step`` samples, each multiplied by ``window`` when
     given, then transformed: [batch, frames, bins, 2]."""

@@ -106,7 +106,11 @@ def compute_dependences(ip: IslProgram) -> list[DependenceRelation]:
                     )
                     if relation.is_empty():
                         continue
-                    found.append(_describe(ip, kind, source, sink, first.tensor.name, relation.coalesce()))
+                    found.append(
+                        _describe(
+                            ip, kind, source, sink, tensor=first.tensor.name, relation=relation.coalesce()
+                        )
+                    )
     return _merged(found)
 
 
@@ -125,6 +129,7 @@ def _describe(
     kind: DependenceKind,
     source: IslStatement,
     sink: IslStatement,
+    *,
     tensor: str,
     relation: isl.Map,
 ) -> DependenceRelation:

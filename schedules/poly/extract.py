@@ -79,10 +79,16 @@ class _Extractor:
         block_vars = [iv.var for iv in block.iter_vars]
 
         accesses = [
-            self.access(r, AccessKind.READ, block_vars, bindings, loops, analyzer) for r in block.reads
+            self.access(
+                r, AccessKind.READ, block_vars=block_vars, bindings=bindings, loops=loops, analyzer=analyzer
+            )
+            for r in block.reads
         ]
         writes = [
-            self.access(w, AccessKind.WRITE, block_vars, bindings, loops, analyzer) for w in block.writes
+            self.access(
+                w, AccessKind.WRITE, block_vars=block_vars, bindings=bindings, loops=loops, analyzer=analyzer
+            )
+            for w in block.writes
         ]
         accesses += writes
         is_reduction = block.init is not None or any(
@@ -112,6 +118,7 @@ class _Extractor:
         self,
         region: Any,
         kind: AccessKind,
+        *,
         block_vars: list[Any],
         bindings: list[tuple[list[int], int] | None],
         loops: list[tuple[Any, int, int]],

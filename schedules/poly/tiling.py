@@ -244,6 +244,7 @@ def rank_tilings(
     structure: str,
     machine: MachineModel,
     count: int,
+    *,
     samples: int = 2000,
     max_innermost: int = 64,
     seed: int = 0,

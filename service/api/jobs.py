@@ -205,9 +205,9 @@ async def job_graph(request: Request, job_id: str, state: StateDep, owner: Owner
             state.sandbox,
             model,
             job.spec.target,
-            shapes,
-            client_gone,
-            job.spec.precision,
+            input_shapes=shapes,
+            cancelled=client_gone,
+            precision=job.spec.precision,
         )
 
     found = await while_connected(request, plan)

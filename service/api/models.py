@@ -139,14 +139,22 @@ ShapesQuery = Annotated[str | None, Query(description='JSON, e.g. {"x": [1, 16]}
 
 
 async def _planned(
-    request: Request, state: StateDep, owner: str, model_id: str, target: str, input_shapes: str | None
+    request: Request, state: StateDep, owner: str, model_id: str, *, target: str, input_shapes: str | None
 ) -> ModelPlan:
     """The model's plan for ``target`` (planned once in the sandbox, then kept), abandoned with the client."""
     shapes = parse_shapes(input_shapes)
 
     def plan(client_gone: Callable[[], bool]) -> ModelPlan:
         model = state.store.get_model(model_id, owner)
-        return plan_model(state.store, state.settings, state.sandbox, model, target, shapes, client_gone)
+        return plan_model(
+            state.store,
+            state.settings,
+            state.sandbox,
+            model,
+            target,
+            input_shapes=shapes,
+            cancelled=client_gone,
+        )
 
     return await while_connected(request, plan)
 
@@ -165,7 +173,7 @@ async def model_tasks(
     target: TargetQuery = "host",
     input_shapes: ShapesQuery = None,
 ) -> ModelTasksOut:
-    found = await _planned(request, state, owner, model_id, target, input_shapes)
+    found = await _planned(request, state, owner, model_id, target=target, input_shapes=input_shapes)
     return ModelTasksOut.of(model_id, found.target_key, found.tasks, found.fusion)
 
 
@@ -184,6 +192,6 @@ async def model_task_polyhedral(
     target: TargetQuery = "host",
     input_shapes: ShapesQuery = None,
 ) -> PolyhedralOut:
-    found = await _planned(request, state, owner, model_id, target, input_shapes)
+    found = await _planned(request, state, owner, model_id, target=target, input_shapes=input_shapes)
     caches = preview_caches(state.settings, target)
     return PolyhedralOut.model_validate(planned_task_polyhedral(found, index, caches))

@@ -39,9 +39,9 @@ def test_reductions_start_with_their_measured_default_schedule(tmp_path: Path) -
         plan.tasks,
         TARGET,
         database,
-        Budget(trials=trials),
-        MeasureConfig(number=1, min_repeat_ms=5),
-        tmp_path / "ms",
+        budget=Budget(trials=trials),
+        config=MeasureConfig(number=1, min_repeat_ms=5),
+        work_dir=tmp_path / "ms",
         on_batch=batches.append,
     )
     # The defaults came first, one batch each, every one measured and stored as a record of its task.

@@ -45,7 +45,7 @@ def _trials_per_task(database: Any, tasks: list[Any]) -> list[int]:
 def test_the_heavier_task_of_two_gets_more_trials(tmp_path: Path) -> None:
     tasks = _tasks(256, 24)  # ~33 MFLOP against ~28 kFLOP a call
     database = ms.database.MemoryDatabase()
-    tune_tasks(tasks, TARGET, database, Budget(trials=40), CONFIG, tmp_path / "ms")
+    tune_tasks(tasks, TARGET, database, budget=Budget(trials=40), config=CONFIG, work_dir=tmp_path / "ms")
     heavy, light = _trials_per_task(database, tasks)
     assert heavy + light <= 40
     # Round robin would give them about the same; the gain of the heavy one's batches is ~1000x larger.
@@ -65,10 +65,18 @@ def test_a_task_at_its_roofline_is_searched_no_further(tmp_path: Path) -> None:
         how="test",
     )
     database = ms.database.MemoryDatabase()
-    tune_tasks(tasks, TARGET, database, Budget(trials=40), CONFIG, tmp_path / "ms", limits=crawling)
+    tune_tasks(
+        tasks,
+        TARGET,
+        database,
+        budget=Budget(trials=40),
+        config=CONFIG,
+        work_dir=tmp_path / "ms",
+        limits=crawling,
+    )
     seeds = _trials_per_task(database, tasks)
     assert all(0 < n <= CONFIG.space_options.seeds for n in seeds), seeds
 
     unbounded = ms.database.MemoryDatabase()
-    tune_tasks(tasks, TARGET, unbounded, Budget(trials=40), CONFIG, tmp_path / "ms2")
+    tune_tasks(tasks, TARGET, unbounded, budget=Budget(trials=40), config=CONFIG, work_dir=tmp_path / "ms2")
     assert sum(_trials_per_task(unbounded, tasks)) > sum(seeds)  # without the roofs the search goes on

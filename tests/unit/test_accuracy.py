@@ -16,7 +16,7 @@ def test_differences_are_counted_in_steps_and_one_step_passes() -> None:
     expected = [[np.arange(8, dtype=np.float32) * step, np.ones(3, np.float32)] for _ in range(2)]
     actual = [[e[0].copy(), e[1] + 1e-3] for e in expected]
     actual[1][0][3] += step  # one element, one step off: a tie rounded the other way
-    report = accuracy_report(actual, expected, ["y", "logits"], [step, None], "onnxruntime")
+    report = accuracy_report(actual, expected, ["y", "logits"], [step, None], reference="onnxruntime")
     y, logits = report.outputs
     assert report.inputs == 2 and report.reference == "onnxruntime"
     assert y.max_steps == pytest.approx(1.0) and y.beyond_one_step == 0.0
@@ -31,7 +31,7 @@ def test_differences_are_counted_in_steps_and_one_step_passes() -> None:
 def test_more_than_one_step_fails_verification_naming_the_output() -> None:
     expected = [[np.zeros(4, np.float32)]]
     actual = [[np.array([0.0, 0.0, 0.2, 0.0], np.float32)]]
-    report = accuracy_report(actual, expected, ["y"], [0.1], "onnxruntime")
+    report = accuracy_report(actual, expected, ["y"], [0.1], reference="onnxruntime")
     assert report.outputs[0].max_steps == pytest.approx(2.0)
     assert report.outputs[0].beyond_one_step == pytest.approx(0.25)
     with pytest.raises(VerificationFailed, match=r"y: up to 2\.0 steps off, 25\.00% of its elements"):
@@ -43,7 +43,9 @@ def test_top1_agreement_counts_rows_whose_arg_max_matches_the_float_model() -> N
     actual = [np.array([[0.2, 0.8], [0.1, 0.9]]), np.array([[0.4, 0.6], [0.7, 0.3]])]  # 3 of 4 agree
     assert top1_agreement(actual, floats) == 0.75
     assert top1_agreement([np.array(1.0)], [np.array(2.0)]) is None  # no class axis
-    report = accuracy_report([[a] for a in actual], [[a] for a in actual], ["y"], [None], "onnxruntime")
+    report = accuracy_report(
+        [[a] for a in actual], [[a] for a in actual], ["y"], [None], reference="onnxruntime"
+    )
     marked = with_top1(report, [[a] for a in actual], [[f] for f in floats], "mlp.onnx")
     assert marked.float_model == "mlp.onnx" and marked.outputs[0].top1_agreement == 0.75
     assert AccuracyReport.from_dict(marked.to_dict()) == marked

@@ -145,13 +145,18 @@ def test_reduced_precision_accuracy_fails_beyond_the_norm_wise_tolerance() -> No
     expected = [[np.ones(100, dtype=np.float32)]]
     close = [[np.ones(100, dtype=np.float32) * (1 + 1e-3)]]
     report = accuracy_report(
-        close, expected, ["y"], [None], "untuned TVM (float32)", RELATIVE_TOLERANCE["bf16"]
+        close,
+        expected,
+        ["y"],
+        [None],
+        reference="untuned TVM (float32)",
+        tolerance=RELATIVE_TOLERANCE["bf16"],
     )
     assert report.outputs[0].relative_error == pytest.approx(1e-3, rel=1e-3)
     require_accuracy(report)
     far = [[np.ones(100, dtype=np.float32) * 1.2]]
     report = accuracy_report(
-        far, expected, ["y"], [None], "untuned TVM (float32)", RELATIVE_TOLERANCE["bf16"]
+        far, expected, ["y"], [None], reference="untuned TVM (float32)", tolerance=RELATIVE_TOLERANCE["bf16"]
     )
     with pytest.raises(VerificationFailed, match="y: relative error 0.2"):
         require_accuracy(report)

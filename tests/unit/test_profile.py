@@ -146,7 +146,7 @@ def test_a_profile_has_one_row_per_kernel_and_one_for_the_runtime() -> None:
             {"name": "fc", "op": "Gemm", "us": 6.0, "flops": 1e5},
         ],
     }
-    profile = build_profile(_kiln_calls(), flops, onnxruntime, latency_ms=0.11, limits=LIMITS)
+    profile = build_profile(_kiln_calls(), flops, onnxruntime=onnxruntime, latency_ms=0.11, limits=LIMITS)
     assert [k.name for k in profile.kernels] == [
         "fused_conv2d_add_relu",
         RUNTIME_ROW,

@@ -105,7 +105,7 @@ def _tune_misses(compiled: Any, exported: Any, opts: CaptureOptions, name: str) 
     store = _store(opts)
     if opts.tune == "queue":
         trials = opts.trials or TRIALS_PER_UNTUNED_KERNEL * len(compiled.report.untuned)
-        job = queue_tuning(store, exported, opts, name, compiled.target, trials)
+        job = queue_tuning(store, exported, opts, name=name, target=compiled.target, trials=trials)
         compiled.wait_for_job(job.id)
         log.warning(
             "kiln: %s: %d kernels untuned; queued tuning job %s (%d trials): a worker (kiln serve, kiln worker) "
@@ -120,7 +120,7 @@ def _tune_misses(compiled: Any, exported: Any, opts: CaptureOptions, name: str) 
     log.warning(
         "kiln: %s: tuning %d trials now for %d untuned kernels", name, trials, len(compiled.report.untuned)
     )
-    job = tune_now(store, exported, opts, name, compiled.target, trials)
+    job = tune_now(store, exported, opts, name=name, target=compiled.target, trials=trials)
     compiled.report.job_id = job.id
     compiled.rebuild()
     log.warning("kiln: %s: job %s %s; %s", name, job.id, job.status.value, compiled.report.summary())

@@ -38,7 +38,7 @@ def store_capture(store: Store, exported: ExportedCapture, options: CaptureOptio
 
 
 def queue_tuning(
-    store: Store, exported: ExportedCapture, options: CaptureOptions, name: str, target: dict, trials: int
+    store: Store, exported: ExportedCapture, options: CaptureOptions, *, name: str, target: dict, trials: int
 ) -> Job:
     """Queue a tuning job of ``trials`` for the captured graph (a worker runs it: ``kiln serve``/``kiln worker``)."""
     model_id = store_capture(store, exported, options, name)
@@ -47,8 +47,8 @@ def queue_tuning(
 
 
 def tune_now(
-    store: Store, exported: ExportedCapture, options: CaptureOptions, name: str, target: dict, trials: int
+    store: Store, exported: ExportedCapture, options: CaptureOptions, *, name: str, target: dict, trials: int
 ) -> Job:
     """Queue the job and run it in this process to its end (:func:`tuner.jobs.pipeline.run_job`)."""
-    job = queue_tuning(store, exported, options, name, target, trials)
+    job = queue_tuning(store, exported, options, name=name, target=target, trials=trials)
     return run_job(store, options.settings, job.id).job

@@ -178,6 +178,7 @@ def check_static_params(mod: tvm.IRModule, model_name: str, inputs: tuple[Tensor
 def imported_model(
     mod: tvm.IRModule,
     model_name: str,
+    *,
     declared: ModelSignature,
     shapes: Mapping[str, tuple[int, ...]],
     output_names: list[str],

@@ -341,4 +341,13 @@ def load_onnx(
         raise conversion_error(err, "ONNX", path.name, op, getattr(node, "name", None)) from None
 
     outputs = [o.name for o in model.graph.output]
-    return imported_model(mod, path.name, declared, shapes, outputs, ModelFormat.ONNX, canonical, bound)
+    return imported_model(
+        mod,
+        path.name,
+        declared=declared,
+        shapes=shapes,
+        output_names=outputs,
+        fmt=ModelFormat.ONNX,
+        canonical=canonical,
+        bound=bound,
+    )

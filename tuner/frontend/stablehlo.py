@@ -88,7 +88,9 @@ def load_jax(path: Path, fmt: ModelFormat, given: Mapping[str, tuple[int, ...]])
             )
     shapes = {s.name: tuple(int(d) for d in s.shape) for s in declared.inputs}
     outputs = [s.name for s in declared.outputs]
-    return imported_model(mod, path.name, declared, shapes, outputs, fmt, data)
+    return imported_model(
+        mod, path.name, declared=declared, shapes=shapes, output_names=outputs, fmt=fmt, canonical=data
+    )
 
 
 def read_jax_program(path: Path, fmt: ModelFormat, data: bytes | None = None) -> Program:

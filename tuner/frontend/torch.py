@@ -202,7 +202,15 @@ def import_program(
     check_param_count(mod, model_name, declared.inputs)
     mod = _bind_torch_shapes(mod, declared.inputs, shapes)
     outputs = output_names(len(declared.outputs))
-    return imported_model(mod, model_name, declared, shapes, outputs, ModelFormat.TORCH_EXPORT, canonical)
+    return imported_model(
+        mod,
+        model_name,
+        declared=declared,
+        shapes=shapes,
+        output_names=outputs,
+        fmt=ModelFormat.TORCH_EXPORT,
+        canonical=canonical,
+    )
 
 
 def decompose_program(program: Any, model_name: str) -> Any:

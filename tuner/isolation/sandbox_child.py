@@ -25,6 +25,7 @@ from tuner.model_registry import BLOB_TMP_PREFIX
 
 
 def op_inspect(
+    *,
     path: str,
     input_shapes: dict[str, list[int]] | None,
     allow_external_data: bool,
@@ -61,6 +62,7 @@ def op_inspect(
 
 
 def op_plan(
+    *,
     path: str,
     input_shapes: dict[str, list[int]] | None,
     target: dict[str, Any],

@@ -182,7 +182,7 @@ def _run(settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) 
         return JobResult(job_now, recorder.tasks, planned.plan.fusion, None, [], Latencies())
     built = _compile(settings, job, planned, recorder)
     checked = _check(settings, job, planned, built, recorder) if is_host_cpu(job.spec.target) else _Checked()
-    return _package(settings, job, planned, built, checked, recorder)
+    return _package(settings, job, planned, built=built, checked=checked, recorder=recorder)
 
 
 def _plan(settings: Settings, job: Job, recorder: JobRecorder) -> _Planned:
@@ -240,9 +240,9 @@ def _tune(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder
             planned.plan.tasks,
             planned.target,
             planned.database,
-            budget,
-            config,
-            settings.jobs_dir / job.id / "metaschedule",
+            budget=budget,
+            config=config,
+            work_dir=settings.jobs_dir / job.id / "metaschedule",
             on_batch=recorder.on_batch,
             should_stop=should_stop,
             time_left_s=clock.remaining_s,
@@ -250,7 +250,13 @@ def _tune(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder
             cost_model=cost_model,
         )
         if cost_model is not None:
-            recorder.cost_model(cost_model, planned.target, job.target_key, planned.scope, learnt_up_to)
+            recorder.cost_model(
+                cost_model,
+                planned.target,
+                target_key=job.target_key,
+                scope=planned.scope,
+                learnt_up_to=learnt_up_to,
+            )
         recorder.search_stats(report.search_stats)
 
 
@@ -305,7 +311,15 @@ def _check(settings: Settings, job: Job, planned: _Planned, built: _Built, recor
     )
     if settings.profile_budget_s > 0:
         recorder.stage("profiling")
-        _profile(settings, job, planned, built.tuned_lib, inputs, latency, recorder)
+        _profile(
+            settings,
+            job,
+            planned,
+            tuned_lib=built.tuned_lib,
+            inputs=inputs,
+            latency=latency,
+            recorder=recorder,
+        )
     return _Checked(comparisons, latency, accuracy)
 
 
@@ -313,6 +327,7 @@ def _profile(
     settings: Settings,
     job: Job,
     planned: _Planned,
+    *,
     tuned_lib: Path,
     inputs: list[np.ndarray],
     latency: Latencies,
@@ -344,6 +359,7 @@ def _package(
     settings: Settings,
     job: Job,
     planned: _Planned,
+    *,
     built: _Built,
     checked: _Checked,
     recorder: JobRecorder,

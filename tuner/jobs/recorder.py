@@ -129,12 +129,20 @@ class JobRecorder:
         return resumed
 
     def cost_model(
-        self, ranking: Any, target: Any, target_key: str, scope: str | None, learnt_up_to: int
+        self, ranking: Any, target: Any, *, target_key: str, scope: str | None, learnt_up_to: int
     ) -> None:
         """The cost model the job tuned with, kept for the next job on this target."""
         from tuner.metaschedule.cost_model import keep_cost_model  # TVM: only a job that tuned loads it
 
-        keep_cost_model(self.store, ranking, target, target_key, scope, learnt_up_to, self.job_id)
+        keep_cost_model(
+            self.store,
+            ranking,
+            target,
+            target_key=target_key,
+            scope=scope,
+            last=learnt_up_to,
+            job_id=self.job_id,
+        )
 
     def search_stats(self, stats_by_task: dict[int, dict[str, Any]]) -> None:
         """What the search did per task (by the task's index in the plan)."""

@@ -47,7 +47,9 @@ def submit_job(store: Store, spec: JobSpec, owner: str = "", settings: Settings 
     target = validate_spec(spec)
     _check_input_shapes(model, spec)
     if settings is not None:
-        refusal = preview_refusal(store, settings, model, target, spec.input_shapes, spec.precision)
+        refusal = preview_refusal(
+            store, settings, model, target, input_shapes=spec.input_shapes, precision=spec.precision
+        )
         if refusal is not None:
             raise refusal
     if spec.float_model_id is not None:

@@ -115,7 +115,14 @@ def load_cost_model(store: Store, target: Target, target_key: str, scope: str | 
 
 
 def keep_cost_model(
-    store: Store, ranking: Any, target: Target, target_key: str, scope: str | None, last: int, job_id: str
+    store: Store,
+    ranking: Any,
+    target: Target,
+    *,
+    target_key: str,
+    scope: str | None,
+    last: int,
+    job_id: str,
 ) -> StoredCostModel | None:
     """Keep the model a job tuned with: taught the records other jobs stored meanwhile (the job's own it
     learnt while tuning), up to the newest record. None when it never trained (nothing measured)."""

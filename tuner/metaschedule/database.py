@@ -50,6 +50,7 @@ class KilnDatabase(ms.database.PyDatabase):
         self,
         store: Store,
         target_key: str,
+        *,
         job_id: str | None = None,
         on_commit: OnCommit | None = None,
         owner: str | None = None,

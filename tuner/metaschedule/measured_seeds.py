@@ -45,7 +45,15 @@ def measure_default_schedules(
         if sch is not None:
             scheduled.append((index, mod, sch))
     latencies = measure_schedules(
-        scheduled, tasks, target, database, builder, runner, on_batch, "default", cost_model
+        scheduled,
+        tasks,
+        target,
+        database=database,
+        builder=builder,
+        runner=runner,
+        on_batch=on_batch,
+        what="default",
+        cost_model=cost_model,
     )
     return {index: min(lats) / 1e3 for index, lats in latencies.items()}, len(scheduled)
 
@@ -54,6 +62,7 @@ def measure_schedules(
     scheduled: list[tuple[int, Any, Any]],
     tasks: list[Any],
     target: Target,
+    *,
     database: Any,
     builder: Any,
     runner: Any,

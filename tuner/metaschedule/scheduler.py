@@ -52,6 +52,7 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
 
     def __init__(
         self,
+        *,
         should_stop: StopCheck | None = None,
         time_left_s: TimeLeft | None = None,
         alpha: float = 0.2,

@@ -140,7 +140,13 @@ class _Bf16Mutator(relax.PyExprMutator):
         self.report.dot_convolutions.append(describe_core(call))
         packed = relax.const(pack_conv_weight(weight, DPBF16_LANES, DPBF16_PAIR), "bfloat16")
         return emit_packed_conv2d(
-            self.builder_, call, packed, "float32", "dpbf16_conv2d", BF16_BLOCK, extra_channels=extra
+            self.builder_,
+            call,
+            packed,
+            dtype="float32",
+            name="dpbf16_conv2d",
+            mark=BF16_BLOCK,
+            extra_channels=extra,
         )
 
 

@@ -105,6 +105,7 @@ def conv2d_kernel(
     packed: Any,
     strides: tuple[int, int],
     dilation: tuple[int, int],
+    *,
     dtype: str = "int32",
     name: str = "vnni_conv2d",
 ) -> Any:
@@ -146,6 +147,7 @@ def emit_packed_conv2d(
     builder: relax.BlockBuilder,
     call: relax.Call,
     packed: relax.Expr,
+    *,
     dtype: str,
     name: str,
     mark: str,
@@ -164,7 +166,7 @@ def emit_packed_conv2d(
         x = builder.emit(relax.op.nn.pad(x, widths, "constant", 0.0))
 
     def kernel(data: Any, w: Any) -> Any:
-        return conv2d_kernel(data, w, strides, dilation, dtype, name)
+        return conv2d_kernel(data, w, strides, dilation, dtype=dtype, name=name)
 
     return emit_marked_kernel(builder, kernel, [x, packed], name, mark)
 
@@ -228,7 +230,9 @@ class _VnniMutator(relax.PyExprMutator):
             return self._declined(call, why)
         self.report.packed.append(describe_core(call))
         packed = relax.const(pack_conv_weight(weight, self.lanes), "int8")
-        return emit_packed_conv2d(self.builder_, call, packed, "int32", "vnni_conv2d", VNNI_BLOCK)
+        return emit_packed_conv2d(
+            self.builder_, call, packed, dtype="int32", name="vnni_conv2d", mark=VNNI_BLOCK
+        )
 
     def _emit(self, call: relax.Call, kernel: Any, args: list[relax.Expr], name: str) -> relax.Expr:
         self.report.packed.append(describe_core(call))

@@ -45,6 +45,7 @@ CONV_LAYOUTS = {"NHWC": {"relax.nn.conv2d": ["NHWC", "OHWI"]}}
 
 
 def inference_passes(
+    *,
     conv_layout: str | None = None,
     fast_math: bool = False,
     quant_report: QuantReport | None = None,
@@ -179,14 +180,14 @@ def plan_graph(
     recorder = LevelRecorder() if record_levels else None
     with recording_levels(recorder):
         prepared = inference_passes(
-            cpu_conv_layout if cpu else None,
-            fast_math and cpu,
-            quant,
-            vnni,
-            precision,
-            reduced,
-            bf16,
-            skipped,
+            conv_layout=cpu_conv_layout if cpu else None,
+            fast_math=fast_math and cpu,
+            quant_report=quant,
+            vnni_report=vnni,
+            precision=precision,
+            precision_report=reduced,
+            bf16_report=bf16,
+            skipped=skipped,
         )(mod)
         lowered = lower_graph(prepared, target, prepack)
     tasks = [t for t in ms.relax_integration.extract_tasks(lowered, target) if not _is_scheduled(t)]

@@ -58,6 +58,7 @@ def preview_refusal(
     settings: Settings,
     model: ModelInfo,
     resolved_target: dict[str, Any],
+    *,
     input_shapes: Any,
     precision: str,
 ) -> KilnError | None:

@@ -99,6 +99,7 @@ def start_server(
     key: str,
     host: str = "127.0.0.1",
     port: int = 9090,
+    *,
     silent: bool = True,
     timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
     tracker_wait_s: float = 0.0,
@@ -171,6 +172,7 @@ def stop_on_sigterm() -> threading.Event:
 
 def run_until_stopped(
     process: RPCProcess,
+    *,
     tracker: str | None = None,
     key: str | None = None,
     check_every_s: float = 10.0,

@@ -27,6 +27,7 @@ def accuracy_report(
     expected: list[list[np.ndarray]],
     names: list[str],
     steps: list[float | None],
+    *,
     reference: str,
     tolerance: float | None = None,
 ) -> AccuracyReport:

@@ -75,6 +75,7 @@ def _flops_of(name: str, flops: dict[str, float]) -> float | None:
 def build_profile(
     kiln: dict[str, Any],
     flops: dict[str, float],
+    *,
     onnxruntime: dict[str, Any] | None = None,
     onnxruntime_note: str = "",
     latency_ms: float | None = None,
@@ -181,7 +182,13 @@ def profile_model(
             log.warning("onnxruntime's profile failed: %s", exc)
             onnxruntime_note = f"onnxruntime's profile failed: {str(exc)[:300]}"
     return build_profile(
-        kiln, flops, onnxruntime, onnxruntime_note, latency_ms, limits, onnxruntime_latency_ms
+        kiln,
+        flops,
+        onnxruntime=onnxruntime,
+        onnxruntime_note=onnxruntime_note,
+        latency_ms=latency_ms,
+        limits=limits,
+        onnxruntime_latency_ms=onnxruntime_latency_ms,
     )
 
 

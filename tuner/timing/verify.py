@@ -167,7 +167,14 @@ def measure_accuracy(
     if len(steps) != len(names):
         steps = [None] * len(names)
     report = _accuracy_over_inputs(
-        imported, tuned_exe, reference, REFERENCE_SEMANTICS, seed, steps, None, float_model
+        imported,
+        tuned_exe,
+        reference,
+        name=REFERENCE_SEMANTICS,
+        seed=seed,
+        steps=steps,
+        tolerance=None,
+        float_model=float_model,
     )
     require_accuracy(report)
     return report
@@ -194,7 +201,16 @@ def verify_reduced_precision(
         runner = LoadedModel(untuned_exe).run
     tolerance = RELATIVE_TOLERANCE[policy]
     steps: list[float | None] = [None] * len(imported.signature.outputs)
-    report = _accuracy_over_inputs(imported, tuned_exe, runner, name, seed, steps, tolerance, float_model)
+    report = _accuracy_over_inputs(
+        imported,
+        tuned_exe,
+        runner,
+        name=name,
+        seed=seed,
+        steps=steps,
+        tolerance=tolerance,
+        float_model=float_model,
+    )
     comparisons = [
         Comparison(
             name,
@@ -211,6 +227,7 @@ def _accuracy_over_inputs(
     imported: ImportedModel,
     tuned_exe: Any,
     reference: Callable[[list[np.ndarray]], list[np.ndarray]],
+    *,
     name: str,
     seed: int,
     steps: list[float | None],
@@ -226,7 +243,7 @@ def _accuracy_over_inputs(
         if float_model is not None:
             floats.append(float_model.run(inputs))
     names = [spec.name for spec in imported.signature.outputs]
-    report = accuracy_report(actual, expected, names, steps, name, tolerance)
+    report = accuracy_report(actual, expected, names, steps, reference=name, tolerance=tolerance)
     return report if float_model is None else with_top1(report, actual, floats, float_model.name)
 
 

@@ -52,6 +52,7 @@ def plan_model(
     sandbox: ModelSandbox,
     model: ModelInfo,
     target: str | dict[str, Any],
+    *,
     input_shapes: Any = None,
     cancelled: Callable[[], bool] | None = None,
     precision: str = "as-is",
@@ -73,7 +74,15 @@ def plan_model(
             stored = store.get_model_plan(model.id, key)
             if stored is None:
                 stored = _plan_in_sandbox(
-                    store, settings, sandbox, model, resolved, target_key, shapes, precision, cancelled
+                    store,
+                    settings,
+                    sandbox,
+                    model,
+                    resolved,
+                    target_key=target_key,
+                    shapes=shapes,
+                    precision=precision,
+                    cancelled=cancelled,
                 )
                 if not (isinstance(stored, PlanError) and stored.transient):
                     store.add_model_plan(model.id, key, stored)
@@ -113,6 +122,7 @@ def _plan_in_sandbox(
     sandbox: ModelSandbox,
     model: ModelInfo,
     target: dict[str, Any],
+    *,
     target_key: str,
     shapes: dict[str, list[int]],
     precision: str,
