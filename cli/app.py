@@ -50,7 +50,7 @@ def open_store_for(settings: Settings) -> Store:
     """The store ``settings`` name, its schema created or checked, this host's jobs left "running" by a
     killed ``kiln tune`` ended."""
     from cli.render import err_console
-    from tuner.jobs.guard import sweep_dead_local_jobs
+    from tuner.jobs.in_process import sweep_dead_local_jobs
     from tuner.store.sql import Store
 
     store = Store.from_settings(settings)

@@ -16,10 +16,10 @@ import tuner
 from service.api import devices, jobs, models, system
 from service.api.jobs import job_snapshot
 from service.auth import Authenticator, AuthGate
+from service.body_limits import BodySizeLimit
 from service.deps import ServiceState
 from service.errors import install_error_handlers
 from service.events import EVENT_POLL_S, JobEvents
-from service.limits import BodySizeLimit
 from tuner.isolation.sandbox import ModelSandbox
 from tuner.jobs.worker import WorkerPool
 from tuner.model_registry import clean_upload_spools

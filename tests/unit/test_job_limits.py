@@ -12,7 +12,7 @@ import pytest
 
 from tests.store_rows import add_job
 from tuner.entities import JobStatus
-from tuner.jobs.guard import cli_worker_name, sweep_dead_local_jobs
+from tuner.jobs.in_process import cli_worker_name, sweep_dead_local_jobs
 from tuner.jobs.limits import JobLimits, JobWatch, tree_memory_bytes
 from tuner.settings import Settings
 from tuner.store import Store

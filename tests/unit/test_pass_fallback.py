@@ -17,7 +17,7 @@ from tests.model_builders import IR_VERSION
 from tuner.compile import LoadedModel, build_untuned
 from tuner.entities import PlanningOptions
 from tuner.frontend import load_model
-from tuner.passes.guard import SkippedPasses, guarded
+from tuner.passes.guarded import SkippedPasses, guarded
 from tuner.passes.levels import LevelRecorder, recording_levels
 from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target

@@ -100,7 +100,7 @@ def compile_captured(gm: Any, example_inputs: Sequence[Any], opts: CaptureOption
 
 
 def _tune_misses(compiled: Any, exported: Any, opts: CaptureOptions, name: str) -> None:
-    from tuner.capture.submission import TRIALS_PER_UNTUNED_KERNEL, queue_tuning, tune_now
+    from tuner.capture.store_and_tune import TRIALS_PER_UNTUNED_KERNEL, queue_tuning, tune_now
 
     store = _store(opts)
     if opts.tune == "queue":

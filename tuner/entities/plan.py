@@ -81,7 +81,7 @@ class FusionSummary:
     precision_compute: str = ""
     precision_note: str = ""
     #: The graph passes that failed on this model and were left out, or operators a pass kept out of its
-    #: rewrite, each with TVM's reason (``tuner.passes.guard``): the plan compiles without them.
+    #: rewrite, each with TVM's reason (``tuner.passes.guarded``): the plan compiles without them.
     skipped_passes: list[str] = field(default_factory=list)
 
     @classmethod

@@ -41,7 +41,7 @@ from tuner.frontend import ImportedModel, load_model
 from tuner.isolation.sandbox import SandboxLimits, file_bytes, is_out_of_memory, memory_limit
 from tuner.jobs.artifact import export_library, pack_artifact
 from tuner.jobs.failures import crash_report_path, describe_failure, write_crash_report
-from tuner.jobs.guard import InProcessGuard, cli_worker_name
+from tuner.jobs.in_process import InProcessGuard, cli_worker_name
 from tuner.jobs.manifest import job_manifest
 from tuner.jobs.measuring import job_caches, measure_config
 from tuner.jobs.recorder import JobListener, JobRecorder
@@ -97,7 +97,7 @@ def run_job(
 ) -> JobResult:
     """Run a queued job in this process to its end (the CLI's path; the service uses workers).
 
-    The job is held to the limits a worker holds its jobs to (:class:`~tuner.jobs.guard.InProcessGuard`):
+    The job is held to the limits a worker holds its jobs to (:class:`~tuner.jobs.in_process.InProcessGuard`):
     at a limit, or on SIGINT/SIGTERM when called from the main thread, its outcome is recorded, the
     processes it started are killed and this process ends, after telling ``on_abort`` why. Otherwise the
     job row ends ``succeeded``, ``failed`` or ``cancelled`` when this returns or raises.

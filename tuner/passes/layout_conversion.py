@@ -14,7 +14,7 @@ no layout rule, so the conversion treats it as a barrier and hands it its inputs
 Those operators then compute exactly what they computed before, and everything else is converted. When
 that is not enough, every candidate is hidden; then the values of data-dependent shape are kept out of the
 conversion (:func:`match_casts_as_outputs`: ``Compress`` after a convolution fails that way); when even
-that fails, the program is left as it was. Each way out is noted in :class:`tuner.passes.guard.SkippedPasses`.
+that fails, the program is left as it was. Each way out is noted in :class:`tuner.passes.guarded.SkippedPasses`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from kiln_tvm import relax, tvm
 from tuner.errors import KilnError
 from tuner.frontend.imported import short_error
-from tuner.passes.guard import SkippedPasses
+from tuner.passes.guarded import SkippedPasses
 from tuner.passes.levels import operator_histogram
 from tuner.passes.rewrite import rewrite_functions
 

@@ -107,7 +107,7 @@ class LevelRecorder:
         self._open.append(frame)
 
     def after(self, mod: tvm.IRModule, info: Any) -> None:
-        # A pass that raised never reports its end: when a guard (tuner.passes.guard) caught its failure,
+        # A pass that raised never reports its end: when a guard (tuner.passes.guarded) caught its failure,
         # the frames it and its children opened are still above the one ending now, and are dropped.
         while len(self._open) > 1 and not self._open[-1].info.same_as(info):
             self._open.pop()

@@ -14,7 +14,7 @@ from tuner.entities import FusionSummary, IrLevel, PlanningOptions, TaskInfo
 from tuner.passes.activations import gelu_as_formula
 from tuner.passes.bf16_packing import Bf16AmxReport, pack_for_amx_bf16
 from tuner.passes.elementwise import elementwise_as_operators
-from tuner.passes.guard import SkippedPasses, guarded
+from tuner.passes.guarded import SkippedPasses, guarded
 from tuner.passes.int8_packing import VnniReport, keep_packed_layouts, pack_for_vnni
 from tuner.passes.layout_conversion import convert_layout
 from tuner.passes.levels import LevelRecorder, kernel_calls, operator_histogram, recording_levels
