@@ -220,6 +220,8 @@ def fusion_line(fusion: FusionSummary) -> str:
         )
     elif fusion.precision != "as-is":
         line += f"\nprecision {fusion.precision}: no float matmul or convolution to reduce"
+    if fusion.precision_choice:
+        line += f"\n  {fusion.precision_choice}"
     line += "".join(f"\n  pass left out: {note}" for note in fusion.skipped_passes)
     return line
 

@@ -80,8 +80,9 @@ PrecisionOpt = Annotated[
     str,
     typer.Option(
         "--precision",
-        help="Float models: as-is, bf16 or fp16 (matmuls and convolutions on low-precision operands, fp32 "
-        "accumulation, verified against the float32 model)",
+        help="Float models: as-is, auto, bf16 or fp16 (matmuls and convolutions on low-precision operands, "
+        "fp32 accumulation, verified against the float32 model); auto: bf16 where the CPU has bf16 "
+        "instructions and the outputs stay within the bf16 tolerance, else as-is",
     ),
 ]
 FloatModelOpt = Annotated[

@@ -64,6 +64,31 @@ def build_mlp(batch: Batch = 1, seed: int = 0) -> onnx.ModelProto:
     return _model(graph)
 
 
+def build_cancelling_matmuls(batch: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """``y = x @ W - x @ (W (1 + 1e-3))``, ``x`` [batch, 64], ``y`` [batch, 32]: in float32 a thousandth of
+    ``x @ W``; with bf16 operands (a relative spacing of 2^-7) most of both weights round to the same values
+    and the difference is mostly rounding: a model no bf16 policy can keep within its tolerance."""
+    rng = np.random.default_rng(seed)
+    weight = _he(rng, (64, 32), 64)
+    inits = [
+        numpy_helper.from_array(weight, "w"),
+        numpy_helper.from_array((weight * np.float32(1 + 1e-3)).astype(np.float32), "w_near"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="a"),
+        helper.make_node("MatMul", ["x", "w_near"], ["b"], name="b"),
+        helper.make_node("Sub", ["a", "b"], ["y"], name="difference"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cancelling_matmuls",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 32])],
+        inits,
+    )
+    return _model(graph)
+
+
 def build_attention_scores(seq: int = 64, hidden: int = 32, seed: int = 0) -> onnx.ModelProto:
     """Attention-style block: ``x`` [1, seq, hidden] -> layer norm -> scores x.xT / sqrt(hidden) -> Softmax
     (last axis) -> scores @ x -> GELU (erf form) -> output ``y`` [1, seq, hidden]. Two reductions (layer

@@ -1,4 +1,5 @@
-"""``/api/v1/devices``: the RPC tracker's device queues (keys, free and pending servers)."""
+"""``/api/v1/devices``: the RPC tracker's device queues (keys, free and pending servers), and the bf16
+instructions of the server's own CPU."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from fastapi import APIRouter
 
 from service.deps import OwnerDep, StateDep
 from service.schemas import DeviceOut, DevicesOut, ErrorOut
+from tuner.passes.precision import native_bf16
 from tuner.rpc.tracker import tracker_summary
+from tuner.targets import host_target, to_tvm_target
 
 router = APIRouter(prefix="/api/v1/devices", tags=["devices"])
 
@@ -19,14 +22,17 @@ router = APIRouter(prefix="/api/v1/devices", tags=["devices"])
 )
 def list_devices(state: StateDep, owner: OwnerDep) -> DevicesOut:
     tracker = state.settings.rpc_tracker
+    host_bf16 = native_bf16(to_tvm_target(host_target()))
     if not tracker:
         return DevicesOut(
             tracker=None,
             devices=[],
             message="no RPC tracker configured (set KILN_RPC_TRACKER=host:port); jobs measure locally",
+            host_bf16=host_bf16,
         )
     queues = tracker_summary(tracker, state.settings.rpc_timeout_s)
     return DevicesOut(
         tracker=tracker,
         devices=[DeviceOut.from_entity(q) for q in queues],
+        host_bf16=host_bf16,
     )

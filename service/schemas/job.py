@@ -70,11 +70,13 @@ class JobIn(BaseModel):
         description="Schedule space: 'cpu' (MetaSchedule's rules) or 'cpu-poly' (shaped by the polyhedral "
         "analysis) for CPU targets, 'gpu' for CUDA; default: the target's default",
     )
-    precision: Literal["as-is", "bf16", "fp16"] = Field(
+    precision: Literal["as-is", "auto", "bf16", "fp16"] = Field(
         default="as-is",
         description="Float models: 'bf16' or 'fp16' computes matmuls and convolutions on low-precision "
         "operands with fp32 accumulation (weights stored in the low precision, sensitive operators kept in "
-        "fp32), verified by norm-wise relative error against the float32 model; 'as-is' keeps the model's",
+        "fp32), verified by norm-wise relative error against the float32 model; 'auto' is bf16 on a CPU "
+        "with bf16 instructions (AMX-BF16, AVX512-BF16) when the outputs stay within the bf16 tolerance, "
+        "else as-is (the plan's fusion.precision_choice says which and why); 'as-is' keeps the model's",
     )
     float_model_id: str | None = Field(
         default=None,

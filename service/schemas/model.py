@@ -92,7 +92,10 @@ class FusionOut(EntityOut):
     vnni_unpacked: list[str] = Field(
         default_factory=list, description="Integer operators on a VNNI CPU left on plain kernels, and why"
     )
-    precision: str = Field(default="as-is", description="The job's precision policy: as-is, bf16 or fp16")
+    precision: str = Field(
+        default="as-is",
+        description="The precision the plan computes in: as-is, bf16 or fp16 (what 'auto' chose, for a job under it)",
+    )
     reduced_ops: list[str] = Field(
         default_factory=list,
         description="Float matmuls and convolutions put on bf16/fp16 operands (fp32 accumulation)",
@@ -119,6 +122,10 @@ class FusionOut(EntityOut):
         description="On a CPU with AMX-BF16 or AVX512-BF16, the bf16 operators on neither, and why",
     )
     precision_note: str = Field(default="", description="Why the target computes them that way")
+    precision_choice: str = Field(
+        default="",
+        description="Under the 'auto' policy, what it chose ('precision': bf16 or as-is) and why; '' otherwise",
+    )
     skipped_passes: list[str] = Field(
         default_factory=list,
         description="Graph passes that failed on this model and were left out (or operators a pass kept "

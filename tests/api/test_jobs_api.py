@@ -34,6 +34,20 @@ def test_submitted_job_is_queued_with_a_resolved_target(client: TestClient, mlp_
     assert job["precision"] == "as-is"
     assert client.get(f"/api/v1/jobs/{job['id']}").json()["id"] == job["id"]
     assert _submit(client, mlp_model["id"], trials=8, precision="bf16")["precision"] == "bf16"
+    assert _submit(client, mlp_model["id"], trials=8, precision="auto")["precision"] == "auto"
+
+
+def test_devices_say_which_bf16_instructions_the_servers_cpu_has(client: TestClient) -> None:
+    """What the dashboard's form proposes ``auto`` by, against the kernel's own list of the CPU's flags."""
+    flags = next(
+        set(line.split(":", 1)[1].split())
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("flags")
+    )
+    expected = [
+        name for name, flag in (("amx-bf16", "amx_bf16"), ("avx512bf16", "avx512_bf16")) if flag in flags
+    ]
+    assert client.get("/api/v1/devices").json()["host_bf16"] == expected
 
 
 def test_a_job_budget_is_trials_time_or_both(client: TestClient, mlp_model: dict) -> None:

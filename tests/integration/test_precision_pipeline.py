@@ -20,14 +20,15 @@ from schedules.vnni import has_avx512_bf16
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, rounded_operands_output, run_artifact_in_fresh_process
 from tests.host_jobs import run_host_job
-from tests.model_builders import build_mlp, build_small_cnn
+from tests.model_builders import build_cancelling_matmuls, build_mlp, build_small_cnn
 from tuner.entities import JobStatus
+from tuner.isolation.sandbox import ModelSandbox
 from tuner.jobs.pipeline import JobResult
-from tuner.passes.precision import RELATIVE_TOLERANCE
+from tuner.passes.precision import RELATIVE_TOLERANCE, native_bf16
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
-from tuner.views.inspection import best_schedule
+from tuner.views.inspection import best_schedule, plan_model
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,9 @@ UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
 #: How far the artifact may be from the run on rounded operands, in unit roundoffs: the two differ only in
 #: the order of their fp32 sums.
 SUM_ORDER_FRACTION = 1 / 16
+#: This CPU's bf16 instructions: where it has none, ``auto`` plans as-is without a check to make.
+HOST_BF16 = native_bf16(to_tvm_target(host_target()))
+NO_HOST_BF16 = "this CPU has no bf16 instructions, so auto plans as-is (tests/unit/test_precision.py plans auto for CPUs with them)"
 
 
 def _tuned_reduced_job(
@@ -212,3 +216,63 @@ def test_an_fp16_job_computes_its_matmuls_on_fp16_operands_and_is_verified(
     assert manifest["precision"]["compute"] == "emulated"  # no CPU here computes fp16 products natively
     x = np.random.default_rng(10).standard_normal((4, 256)).astype(np.float32)
     _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path, precision="fp16")
+
+
+@pytest.mark.skipif(not HOST_BF16, reason=NO_HOST_BF16)
+def test_an_auto_job_on_a_cpu_with_bf16_instructions_computes_in_bf16_and_says_why(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    path = tmp_path / "mlp.onnx"
+    result = _tuned_reduced_job(sqlite_store, tmp_path, build_mlp(batch=4), path, trials=6, precision="auto")
+    assert result.job.spec.precision == "auto"
+    fusion = result.fusion
+    assert fusion.precision == "bf16"
+    assert fusion.reduced_ops == ["matmul 4x256 @ 256x512 -> bf16", "matmul 4x512 @ 512x10 -> bf16"]
+    assert (
+        fusion.precision_choice == f"auto: bf16, which this CPU multiplies natively ({', '.join(HOST_BF16)})"
+    )
+    accuracy = result.job.accuracy
+    assert accuracy is not None and accuracy.tolerance == RELATIVE_TOLERANCE["bf16"]
+    (out,) = accuracy.outputs
+    assert out.relative_error is not None and 0 < out.relative_error <= accuracy.tolerance
+    manifest = _manifest(result)["precision"]
+    assert (manifest["policy"], manifest["computed_in"]) == ("auto", "bf16")
+    assert manifest["choice"] == fusion.precision_choice
+    x = np.random.default_rng(11).standard_normal((4, 256)).astype(np.float32)
+    _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path)
+
+
+@pytest.mark.skipif(not HOST_BF16, reason=NO_HOST_BF16)
+def test_an_auto_job_stays_as_is_when_bf16_would_take_its_outputs_beyond_the_tolerance(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    path = tmp_path / "cancelling.onnx"
+    result = _tuned_reduced_job(
+        sqlite_store, tmp_path, build_cancelling_matmuls(), path, trials=4, precision="auto"
+    )
+    fusion = result.fusion
+    assert fusion.precision == "as-is" and fusion.reduced_ops == [] and fusion.precision_compute == ""
+    choice = fusion.precision_choice
+    assert choice.startswith("auto: as-is, since bf16 took output y a relative ") and choice.endswith(
+        f"from onnxruntime (float32), beyond the bf16 tolerance of {RELATIVE_TOLERANCE['bf16']:.3g}"
+    )
+    # The error the choice reports is the model's, not a wrong kernel's: bf16 operands give it too.
+    said = float(choice.split("a relative ")[1].split(" ")[0])
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    want = onnxruntime_output(path, x)
+    rounded = rounded_operands_output(path, x)
+    assert said > RELATIVE_TOLERANCE["bf16"]
+    assert np.linalg.norm(rounded - want) / np.linalg.norm(want) > RELATIVE_TOLERANCE["bf16"]
+    # Planned and verified as float32: element-wise against onnxruntime, and so is the artifact.
+    assert result.comparisons and all(c.ok for c in result.comparisons)
+    assert result.job.accuracy is None
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)  # type: ignore[union-attr]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    manifest = _manifest(result)["precision"]
+    assert (manifest["policy"], manifest["computed_in"], manifest["choice"]) == ("auto", "as-is", choice)
+    # A preview of the job's plan (the API's /graph and /tasks) chooses alike, in the sandbox.
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    model = sqlite_store.get_model(result.job.spec.model_id)
+    with ModelSandbox(settings, warm_processes=0) as sandbox:
+        previewed = plan_model(sqlite_store, settings, sandbox, model, "host", precision="auto")
+    assert previewed.fusion.precision_choice == choice and previewed.fusion.reduced_ops == []

@@ -18,7 +18,7 @@ from tuner.errors import InvalidSpec, VerificationFailed
 from tuner.frontend import load_model
 from tuner.jobs.submission import validate_spec
 from tuner.passes.plan import plan_graph
-from tuner.passes.precision import RELATIVE_TOLERANCE, precision_compute
+from tuner.passes.precision import RELATIVE_TOLERANCE, native_bf16, precision_compute
 from tuner.targets import host_target, to_tvm_target
 from tuner.timing.accuracy import accuracy_report, require_accuracy
 
@@ -160,3 +160,43 @@ def test_reduced_precision_accuracy_fails_beyond_the_norm_wise_tolerance() -> No
     )
     with pytest.raises(VerificationFailed, match="y: relative error 0.2"):
         require_accuracy(report)
+
+
+@pytest.mark.parametrize(
+    ("mcpu", "native", "chosen"),
+    [
+        ("znver3", [], "as-is"),
+        ("znver4", ["avx512bf16"], "bf16"),
+        ("sapphirerapids", ["amx-bf16", "avx512bf16"], "bf16"),
+    ],
+)
+def test_auto_is_bf16_where_the_cpu_multiplies_bf16_and_as_is_elsewhere(
+    tmp_path: Path, mcpu: str, native: list[str], chosen: str
+) -> None:
+    """Planned for each CPU, not run on it: the choice follows the target's features, not this machine's."""
+    target = to_tvm_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    assert native_bf16(target) == native
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(batch=4), path)
+    fusion = plan_graph(load_model(path).mod, target, PlanningOptions(precision="auto")).fusion
+    assert fusion.precision == chosen
+    if chosen == "bf16":
+        assert fusion.reduced_ops == ["matmul 4x256 @ 256x512 -> bf16", "matmul 4x512 @ 512x10 -> bf16"]
+        assert (
+            fusion.precision_choice == f"auto: bf16, which this CPU multiplies natively ({', '.join(native)})"
+        )
+    else:
+        assert fusion.reduced_ops == [] and fusion.precision_compute == ""
+        assert fusion.precision_choice.startswith("auto: as-is, since this CPU has no bf16 instructions")
+
+
+def test_auto_is_a_policy_a_job_may_ask_for_and_the_others_say_nothing_of_a_choice(tmp_path: Path) -> None:
+    validate_spec(JobSpec(model_id="m", target=host_target(), trials=1, precision="auto"))
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(batch=4), path)
+    assert (
+        plan_graph(
+            load_model(path).mod, ZEN4_TARGET, PlanningOptions(precision="bf16")
+        ).fusion.precision_choice
+        == ""
+    )

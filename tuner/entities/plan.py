@@ -80,6 +80,8 @@ class FusionSummary:
     bf16_unpacked: list[str] = field(default_factory=list)  # bf16 operators on no bf16 instruction: why
     precision_compute: str = ""
     precision_note: str = ""
+    #: Under the ``auto`` policy, what it chose (``precision``) and why; "" under the others.
+    precision_choice: str = ""
     #: The graph passes that failed on this model and were left out, or operators a pass kept out of its
     #: rewrite, each with TVM's reason (``tuner.passes.guarded``): the plan compiles without them.
     skipped_passes: list[str] = field(default_factory=list)

@@ -73,11 +73,16 @@ def op_plan(
     (:class:`~tuner.entities.PlanningOptions` as a dict): its tasks, fusion and graph."""
     from tuner.entities import PlanningOptions
     from tuner.frontend import load_model
-    from tuner.passes.plan import plan_graph
-    from tuner.targets import to_tvm_target
+    from tuner.targets import is_host_cpu, to_tvm_target
+    from tuner.timing.precision_choice import plan_for_precision
 
     imported = load_model(Path(path), _shapes(input_shapes), max_unpacked_bytes=max_unpacked_mb << 20)
-    plan = plan_graph(imported.mod, to_tvm_target(target), PlanningOptions.from_dict(options))
+    plan = plan_for_precision(
+        imported,
+        to_tvm_target(target),
+        PlanningOptions.from_dict(options),
+        runs_here=is_host_cpu(target),
+    )
     infos = [
         dataclasses.replace(info, polyhedral=_polyhedral(task.dispatched[0]))
         for task, info in zip(plan.tasks, plan.infos, strict=True)

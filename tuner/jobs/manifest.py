@@ -61,6 +61,8 @@ def job_manifest(
         },
         "precision": {
             "policy": job.spec.precision,
+            "computed_in": plan.fusion.precision,
+            "choice": plan.fusion.precision_choice,
             "reduced_ops": plan.fusion.reduced_ops,
             "compute": plan.fusion.precision_compute,
             "amx_bf16_matmuls": plan.fusion.amx_bf16_matmuls,

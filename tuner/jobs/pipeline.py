@@ -49,12 +49,13 @@ from tuner.jobs.submission import job_input_shapes, validate_spec
 from tuner.metaschedule.cost_model import load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.model_registry import model_file
-from tuner.passes.plan import GraphPlan, plan_graph
+from tuner.passes.plan import GraphPlan
 from tuner.rpc.tracker import check_runner
 from tuner.schedule_choice import choose_schedules
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import is_host_cpu, to_tvm_target
+from tuner.timing.precision_choice import plan_for_precision
 from tuner.timing.profile import host_limits, kernel_flops, profile_model
 from tuner.timing.verify import (
     Comparison,
@@ -200,8 +201,12 @@ def _plan(settings: Settings, job: Job, recorder: JobRecorder) -> _Planned:
                 path, job_input_shapes(model, spec), max_unpacked_bytes=settings.max_unpacked_mb << 20
             )
             recorder.stage("extracting tasks")
-            plan = plan_graph(
-                imported.mod, target, settings.planning_options(spec.precision), record_levels=True
+            plan = plan_for_precision(
+                imported,
+                target,
+                settings.planning_options(spec.precision),
+                runs_here=is_host_cpu(spec.target),
+                record_levels=True,
             )
     except Exception as exc:
         if is_out_of_memory(exc):
@@ -292,7 +297,12 @@ def _check(settings: Settings, job: Job, planned: _Planned, built: _Built, recor
     accuracy = None
     if plan.fusion.reduced_ops:  # bf16/fp16 products: held to the policy's norm-wise error
         comparisons, accuracy = verify_reduced_precision(
-            imported, built.tuned_exe, untuned_exe, seed=spec.seed, policy=spec.precision, float_model=floats
+            imported,
+            built.tuned_exe,
+            untuned_exe,
+            seed=spec.seed,
+            policy=plan.fusion.precision,
+            float_model=floats,
         )
     else:
         comparisons = verify_outputs(

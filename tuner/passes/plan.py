@@ -18,7 +18,7 @@ from tuner.passes.guarded import SkippedPasses, guarded
 from tuner.passes.int8_packing import VnniReport, keep_packed_layouts, pack_for_vnni
 from tuner.passes.layout_conversion import convert_layout
 from tuner.passes.levels import LevelRecorder, kernel_calls, operator_histogram, recording_levels
-from tuner.passes.precision import PrecisionReport, precision_compute, reduce_precision
+from tuner.passes.precision import PrecisionReport, auto_precision, precision_compute, reduce_precision
 from tuner.passes.qdq_lowering import QuantReport, lower_qdq
 from tuner.passes.tile_rewrite import tile_as_broadcast
 
@@ -165,6 +165,9 @@ def plan_graph(
     options = options or PlanningOptions()
     weight_prepack, cpu_conv_layout = options.weight_prepack, options.cpu_conv_layout
     fast_math, precision = options.fast_math, options.precision
+    precision_choice = ""
+    if precision == "auto":
+        precision, precision_choice = auto_precision(target)
     cpu = is_cpu_target(target)
     prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
@@ -226,6 +229,7 @@ def plan_graph(
         bf16_unpacked=bf16.unpacked if bf16 is not None else [],
         precision_compute=compute.mode,
         precision_note=compute.note,
+        precision_choice=precision_choice,
         skipped_passes=skipped.notes,
     )
     return GraphPlan(

@@ -1,6 +1,8 @@
 """Precision policies for float models: matmuls and convolutions in bf16 or fp16, accumulated in fp32.
 
-``as-is`` (the default) keeps the model's precision. ``bf16`` and ``fp16`` cast the two operands of every
+``as-is`` (the default) keeps the model's precision. ``auto`` is ``bf16`` on a CPU with bf16 instructions
+(AMX-BF16, AVX512-BF16) and ``as-is`` elsewhere (:func:`auto_precision`); a job under ``auto`` also keeps
+``as-is`` when bf16 would take its outputs beyond the bf16 tolerance. ``bf16`` and ``fp16`` cast the two operands of every
 float32 matmul and convolution to the low precision and keep the accumulation and the result in float32
 (``out_dtype``): the weights, constants, fold to low-precision constants at compile time (half the bytes
 to load), while everything sensitive to rounding (softmax, normalisation, reductions, exp, the epilogues
@@ -25,8 +27,10 @@ from tuner.errors import InvalidSpec
 from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
 
-#: The policies a job may ask for; ``as-is`` changes nothing.
-PRECISIONS = ("as-is", "bf16", "fp16")
+#: The policies a job may ask for; ``as-is`` changes nothing; ``auto`` is ``bf16`` or ``as-is`` by the CPU.
+PRECISIONS = ("as-is", "auto", "bf16", "fp16")
+#: LLVM's names of the CPU features that multiply bf16 natively.
+BF16_INSTRUCTIONS = ("amx-bf16", "avx512bf16")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 #: Per policy, the largest norm-wise relative error of an output against the float32 reference
 #: (``||a - e|| / ||e||``) that verification accepts. A bf16 operand carries a relative rounding error up to
@@ -40,6 +44,23 @@ def check_precision(policy: str) -> None:
     """:class:`~tuner.errors.InvalidSpec` for a policy Kiln does not know."""
     if policy not in PRECISIONS:
         raise InvalidSpec(f"unknown precision {policy!r}; choose one of {', '.join(PRECISIONS)}")
+
+
+def native_bf16(target: Target) -> list[str]:
+    """The bf16 instructions of ``target``'s CPU (:data:`BF16_INSTRUCTIONS`); none for other targets."""
+    if target.kind.name != "llvm":
+        return []
+    features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    return [name for name in BF16_INSTRUCTIONS if name in features]
+
+
+def auto_precision(target: Target) -> tuple[str, str]:
+    """What ``auto`` is on ``target``: ``bf16`` where its CPU multiplies bf16 natively, else ``as-is``;
+    and why, in a sentence."""
+    native = native_bf16(target)
+    if native:
+        return "bf16", f"auto: bf16, which this CPU multiplies natively ({', '.join(native)})"
+    return "as-is", "auto: as-is, since this CPU has no bf16 instructions (AMX-BF16, AVX512-BF16)"
 
 
 @dataclass
@@ -79,7 +100,7 @@ def precision_compute(
             return PrecisionCompute("native", said)
         return PrecisionCompute("mixed", f"{said}; the others (bf16_unpacked says why): {widened}")
     if policy == "bf16":
-        has = sorted(features & {"avx512bf16", "amx-bf16"})
+        has = native_bf16(target)
         if has:
             why = f"the CPU has {', '.join(has)}, but no operator's weight packs for it"
         else:

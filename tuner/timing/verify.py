@@ -195,25 +195,13 @@ def verify_reduced_precision(
     relative error is held to the policy's (:data:`tuner.passes.precision.RELATIVE_TOLERANCE`), and
     :class:`~tuner.errors.VerificationFailed` names the outputs beyond it. With ``float_model``, the report
     adds the top-1 agreement with it."""
-    runner = _onnxruntime_runner(imported)
-    name = "onnxruntime (float32)" if runner is not None else f"{UNTUNED} (float32)"
-    if runner is None:
-        runner = LoadedModel(untuned_exe).run
-    tolerance = RELATIVE_TOLERANCE[policy]
-    steps: list[float | None] = [None] * len(imported.signature.outputs)
-    report = _accuracy_over_inputs(
-        imported,
-        tuned_exe,
-        runner,
-        name=name,
-        seed=seed,
-        steps=steps,
-        tolerance=tolerance,
-        float_model=float_model,
+    report = reduced_precision_report(
+        imported, tuned_exe, lambda: untuned_exe, seed=seed, policy=policy, float_model=float_model
     )
+    tolerance = RELATIVE_TOLERANCE[policy]
     comparisons = [
         Comparison(
-            name,
+            report.reference,
             max((o.max_abs for o in report.outputs), default=0.0),
             max((o.relative_error or 0.0 for o in report.outputs), default=0.0),
             all((o.relative_error or 0.0) <= tolerance for o in report.outputs),
@@ -221,6 +209,34 @@ def verify_reduced_precision(
     ]
     require_accuracy(report)
     return comparisons, report
+
+
+def reduced_precision_report(
+    imported: ImportedModel,
+    reduced_exe: Any,
+    float_exe: Callable[[], Any],
+    *,
+    seed: int,
+    policy: str,
+    float_model: FloatReference | None = None,
+) -> AccuracyReport:
+    """The accuracy report of a reduced-precision build against the float32 model (onnxruntime's run of an
+    ONNX model, else the build ``float_exe()`` returns, only then built), under ``policy``'s tolerance,
+    without judging it (:func:`~tuner.timing.accuracy.require_accuracy` does)."""
+    runner = _onnxruntime_runner(imported)
+    name = "onnxruntime (float32)" if runner is not None else f"{UNTUNED} (float32)"
+    if runner is None:
+        runner = LoadedModel(float_exe()).run
+    return _accuracy_over_inputs(
+        imported,
+        reduced_exe,
+        runner,
+        name=name,
+        seed=seed,
+        steps=[None] * len(imported.signature.outputs),
+        tolerance=RELATIVE_TOLERANCE[policy],
+        float_model=float_model,
+    )
 
 
 def _accuracy_over_inputs(

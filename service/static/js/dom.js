@@ -153,13 +153,15 @@ export function skippedPassesNote(fusion) {
 }
 
 // For a job with a precision policy: the operators on bf16/fp16 operands and how the CPU computes them
-// (null for as-is).
+// (under auto, what it chose and why; null for as-is).
 export function precisionNote(fusion) {
-  if (!fusion.precision || fusion.precision === "as-is") return null;
+  const choice = fusion.precision_choice ? h("p", { id: "precision-choice" }, fusion.precision_choice) : null;
+  if (!fusion.precision || fusion.precision === "as-is") return choice;
   const reduced = fusion.reduced_ops || [];
   const onAvx512Bf16 = [...(fusion.avx512_bf16_matmuls || []), ...(fusion.avx512_bf16_convolutions || [])];
   if (!reduced.length) return h("p", { id: "precision" }, `Precision ${fusion.precision}: no float matmul or convolution to reduce.`);
   return h("div", { class: "precision", id: "precision" },
+    choice,
     h("p", {}, `Precision ${fusion.precision}: ${reduced.length} matmul/convolution${reduced.length === 1 ? "" : "s"} on ${fusion.precision} operands with fp32 accumulation, `
       + `${fusion.precision_compute}: ${fusion.precision_note}`),
     h("ul", {}, reduced.map((op) => h("li", {}, op))),

@@ -93,6 +93,7 @@ function jobForm() {
     h("option", { value: "gpu" }, "gpu (CUDA targets)"));
   const precision = h("select", { id: "precision" },
     h("option", { value: "as-is" }, "as-is: the model's"),
+    h("option", { value: "auto" }, "auto: bf16 where this CPU has bf16 instructions and the outputs stay within its tolerance"),
     h("option", { value: "bf16" }, "bf16 matmuls/convolutions (fp32 accumulation)"),
     h("option", { value: "fp16" }, "fp16 matmuls/convolutions (fp32 accumulation)"));
   const jobError = h("div", {});
@@ -165,6 +166,8 @@ function jobForm() {
     jobError);
 
   api("devices").then((d) => {
+    // On a CPU that multiplies bf16 natively, auto is what OpenVINO's users get without asking.
+    if ((d.host_bf16 || []).length) precision.value = "auto";
     for (const dev of d.devices) runner.append(h("option", { value: `rpc:|${d.tracker}|${dev.key}` }, `RPC: ${dev.key} (${dev.free} free, ${dev.pending} pending)`));
   }).catch(() => {});
 
