@@ -22,8 +22,14 @@ the NHWC convolutions (one group, output channels a multiple of 16) get the conv
 
     Wp[O/16, KH, KW, C/2, 16, 2]  Wp[o // 16, kh, kw, c // 2, o % 16, c % 2] = W[o, kh, kw, c]
 
-(AMX takes no convolution: its 16 tile rows would be 16 consecutive output pixels). The others stay as
-they were (bf16 operands, products widened to fp32 by TVM).
+On a CPU with AMX-BF16, a pointwise (1x1) convolution, of stride 1 or more, is a matmul of its (strided)
+pixels by its channels: it goes on the AMX matmul kernel over ``[N*H*W, C]`` rows when those are whole
+blocks (16 pixels a tile, output channels a multiple of 32, input channels of 32):
+
+    y[n, h, w, :] = x[n, s*h, s*w, :] @ W[:, 0, 0, :].T
+
+Other convolutions stay off AMX (its 16 tile rows would have to be 16 consecutive output pixels of a
+window). The others stay as they were (bf16 operands, products widened to fp32 by TVM).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ class Bf16AmxReport:
     """The bf16 matmuls now on AMX-BF16 kernels, the matmuls and convolutions on AVX512-BF16 ones, and the
     operators left as they were (why); ``amx`` and ``dot``: whether the CPU has AMX-BF16 and AVX512-BF16."""
 
-    packed: list[str] = field(default_factory=list)  # "matmul 128x256 @ 256x1024"
+    packed: list[str] = field(default_factory=list)  # "matmul 128x256 @ 256x1024", "conv2d ... as matmul"
     dot_packed: list[str] = field(default_factory=list)  # "matmul 1x512 @ 512x1024"
     dot_convolutions: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
     unpacked: list[str] = field(default_factory=list)  # "matmul 1x512 @ 512x10: 1 rows ..."
@@ -91,6 +97,10 @@ class _Bf16Mutator(relax.PyExprMutator):
             return call
         if call.op.same_as(self.matmul):
             return self._matmul(call)
+        if call.op.same_as(self.conv2d) and self.report.amx:
+            pointwise = self._pointwise_conv2d_on_amx(call)
+            if pointwise is not None:
+                return pointwise
         if call.op.same_as(self.conv2d) and self.report.dot:
             return self._conv2d(call)
         return call
@@ -125,6 +135,38 @@ class _Bf16Mutator(relax.PyExprMutator):
             return matmul_kernel(x, w, "float32", name)
 
         return emit_marked_kernel(self.builder_, kernel, [call.args[0], packed], name, BF16_BLOCK)
+
+    def _pointwise_conv2d_on_amx(self, call: relax.Call) -> relax.Expr | None:
+        """A 1x1 NHWC convolution as the AMX matmul of its strided pixels by its channels, when those are
+        whole AMX blocks; None for any other convolution."""
+        weight = _constant(call.args[1])
+        attrs = call.attrs
+        if weight is None or conv2d_layout_misfit(call) or weight.shape[1:3] != (1, 1):
+            return None
+        if any(int(p) for p in attrs.padding) or any(int(d) != 1 for d in attrs.dilation):
+            return None
+        strides = [int(s) for s in attrs.strides]
+        batch, height, width, channels = (int(d) for d in call.args[0].ty.shape)
+        out_height, out_width = (height - 1) // strides[0] + 1, (width - 1) // strides[1] + 1
+        rows, cols = batch * out_height * out_width, int(weight.shape[0])
+        if not fits_amx_tiles(BF16, rows, cols, channels):
+            return None
+        self.report.packed.append(f"{describe_core(call)} as matmul {rows}x{channels} @ {channels}x{cols}")
+        x = call.args[0]
+        if strides != [1, 1]:
+            x = self.builder_.emit(
+                relax.op.strided_slice(x, axes=[1, 2], begin=[0, 0], end=[height, width], strides=strides)
+            )
+        pixels = self.builder_.emit(relax.op.reshape(x, [rows, channels]))
+        packed = relax.const(
+            pack_matmul_weight(np.ascontiguousarray(weight[:, 0, 0, :].T), BF16.pair), "bfloat16"
+        )
+
+        def kernel(data: Any, w: Any) -> Any:
+            return matmul_kernel(data, w, "float32", "amx_bf16_matmul")
+
+        out = emit_marked_kernel(self.builder_, kernel, [pixels, packed], "amx_bf16_matmul", BF16_BLOCK)
+        return relax.op.reshape(out, [batch, out_height, out_width, cols])
 
     def _conv2d(self, call: relax.Call) -> relax.Expr:
         weight = _constant(call.args[1])
