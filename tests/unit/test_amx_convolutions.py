@@ -23,7 +23,7 @@ from tuner.compile import LoadedModel, build_untuned
 from tuner.entities import PlanningOptions
 from tuner.frontend import load_model
 from tuner.passes.bf16_packing import Bf16AmxReport, pack_for_amx_bf16
-from tuner.passes.int8_packing import pack_matmul_weight
+from tuner.passes.int8_packing import VnniReport, pack_for_vnni, pack_matmul_weight
 from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target
 
@@ -176,3 +176,66 @@ def test_a_bf16_plan_for_an_amx_cpu_puts_a_models_pointwise_convolutions_on_tile
         "conv2d 1x16x16x64 * 32x1x1x64 as matmul 64x64 @ 64x32",
     ]
     assert fusion.precision_compute == "native"
+
+
+def _int8_convolutions() -> tuple[tvm.IRModule, list[np.ndarray], list[np.ndarray]]:
+    """The same convolutions on u8 x s8 operands with int32 results, as QDQ lowering leaves them."""
+    rng = np.random.default_rng(5)
+    bb = relax.BlockBuilder()
+    params, inputs, weights, outputs = [], [], [], []
+    for index, ((h, w), c, o, k, _) in enumerate(CONVOLUTIONS):
+        params.append(relax.Var(f"x{index}", relax.TensorType((1, h, w, c), "uint8")))
+        inputs.append(rng.integers(0, 256, (1, h, w, c), dtype=np.uint8))
+        weights.append(rng.integers(-128, 128, (o, k, k, c), dtype=np.int8))
+    with bb.function("main", params):
+        for index, (*_, k, s) in enumerate(CONVOLUTIONS):
+            conv = relax.op.nn.conv2d(
+                params[index],
+                relax.const(weights[index], "int8"),
+                strides=[s, s],
+                padding=[k // 2] * 4,
+                data_layout="NHWC",
+                kernel_layout="OHWI",
+                out_dtype="int32",
+            )
+            outputs.append(bb.emit(conv))
+        bb.emit_func_output(relax.Tuple(outputs))
+    return bb.get(), inputs, weights
+
+
+def test_int8_pointwise_convolutions_of_whole_blocks_go_on_the_matmul_amx_tiles() -> None:
+    mod, inputs, weights = _int8_convolutions()
+    report = VnniReport(amx=True)
+    packed = pack_for_vnni(report)(mod)
+    assert report.matmul_extents == {
+        "conv2d 1x16x16x64 * 64x1x1x64 as matmul 256x64 @ 64x64": (256, 64, 64),
+        "conv2d 1x16x16x64 * 32x1x1x64 as matmul 64x64 @ 64x32": (64, 32, 64),
+    }
+    assert report.packed == [
+        *report.matmul_extents,
+        "conv2d 1x7x7x64 * 64x1x1x64",
+        "conv2d 1x16x16x64 * 32x3x3x64",
+    ]
+    # Integer sums are exact: the rewritten kernels, built plainly, equal the convolutions.
+    got = LoadedModel(build_untuned(packed, HOST)).run(inputs)
+    for index, (*_, stride) in enumerate(CONVOLUTIONS):
+        want = _reference(inputs[index], weights[index], stride).astype(np.int64)
+        np.testing.assert_array_equal(got[index], want, err_msg=f"convolution {index}")
+    # Without AMX they stay convolutions on vpdpbusd.
+    plain = VnniReport()
+    pack_for_vnni(plain)(mod)
+    assert not plain.matmul_extents and len(plain.packed) == 4
+
+
+def test_an_int8_pointwise_convolutions_matmul_goes_on_tdpbusd() -> None:
+    mod, _, _ = _int8_convolutions()
+    lowered = relax.get_pipeline("zero")(pack_for_vnni(VnniReport(amx=True))(mod))
+    (kernel, *_) = [
+        f
+        for f in lowered.functions.values()
+        if isinstance(f, tvm.tirx.PrimFunc) and "vnni_matmul" in f.script()
+    ]
+    (candidate,) = sampled_candidates(
+        tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), AMX_TARGET, 1
+    )
+    assert "llvm.x86.tdpbusd" in candidate.mod.script()

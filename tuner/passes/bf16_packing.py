@@ -48,9 +48,11 @@ from tuner.passes.int8_packing import (
     conv2d_layout_misfit,
     emit_marked_kernel,
     emit_packed_conv2d,
+    emit_pointwise_matmul,
     matmul_kernel,
     pack_conv_weight,
     pack_matmul_weight,
+    pointwise_as_matmul,
 )
 from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
@@ -137,36 +139,17 @@ class _Bf16Mutator(relax.PyExprMutator):
         return emit_marked_kernel(self.builder_, kernel, [call.args[0], packed], name, BF16_BLOCK)
 
     def _pointwise_conv2d_on_amx(self, call: relax.Call) -> relax.Expr | None:
-        """A 1x1 NHWC convolution as the AMX matmul of its strided pixels by its channels, when those are
-        whole AMX blocks; None for any other convolution."""
+        """A pointwise NHWC convolution as the AMX matmul of its strided pixels by its channels, when those
+        are whole AMX blocks; None for any other convolution."""
         weight = _constant(call.args[1])
-        attrs = call.attrs
-        if weight is None or conv2d_layout_misfit(call) or weight.shape[1:3] != (1, 1):
+        pointwise = pointwise_as_matmul(call, weight) if weight is not None else None
+        if pointwise is None or not fits_amx_tiles(BF16, pointwise.rows, pointwise.cols, pointwise.channels):
             return None
-        if any(int(p) for p in attrs.padding) or any(int(d) != 1 for d in attrs.dilation):
-            return None
-        strides = [int(s) for s in attrs.strides]
-        batch, height, width, channels = (int(d) for d in call.args[0].ty.shape)
-        out_height, out_width = (height - 1) // strides[0] + 1, (width - 1) // strides[1] + 1
-        rows, cols = batch * out_height * out_width, int(weight.shape[0])
-        if not fits_amx_tiles(BF16, rows, cols, channels):
-            return None
-        self.report.packed.append(f"{describe_core(call)} as matmul {rows}x{channels} @ {channels}x{cols}")
-        x = call.args[0]
-        if strides != [1, 1]:
-            x = self.builder_.emit(
-                relax.op.strided_slice(x, axes=[1, 2], begin=[0, 0], end=[height, width], strides=strides)
-            )
-        pixels = self.builder_.emit(relax.op.reshape(x, [rows, channels]))
-        packed = relax.const(
-            pack_matmul_weight(np.ascontiguousarray(weight[:, 0, 0, :].T), BF16.pair), "bfloat16"
+        self.report.packed.append(pointwise.describe(call))
+        packed = relax.const(pack_matmul_weight(pointwise.weight(weight), BF16.pair), "bfloat16")
+        return emit_pointwise_matmul(
+            self.builder_, call, pointwise, packed, dtype="float32", name="amx_bf16_matmul", mark=BF16_BLOCK
         )
-
-        def kernel(data: Any, w: Any) -> Any:
-            return matmul_kernel(data, w, "float32", "amx_bf16_matmul")
-
-        out = emit_marked_kernel(self.builder_, kernel, [pixels, packed], "amx_bf16_matmul", BF16_BLOCK)
-        return relax.op.reshape(out, [batch, out_height, out_width, cols])
 
     def _conv2d(self, call: relax.Call) -> relax.Expr:
         weight = _constant(call.args[1])

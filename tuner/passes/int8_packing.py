@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from kiln_tvm import relax, s_tir, tvm
+from kiln_tvm.x86_amx import INT8
 from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_LANES
+from schedules.amx import fits_amx_tiles
 from schedules.vnni import VNNI_BLOCK, has_packed_block
 from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
@@ -48,6 +50,9 @@ class VnniReport:
     matmul_extents: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     #: Output lanes of the kernels' VNNI product (16: ``vpdpbusd zmm``, AVX512-VNNI; 8: ``ymm``, AVX-VNNI).
     lanes: int = VNNI_LANES
+    #: Whether the CPU has AMX-INT8: a pointwise convolution of whole AMX blocks then goes on the matmul
+    #: kernel (:func:`pointwise_as_matmul`), which :mod:`schedules.amx` tiles onto ``tdpbusd``.
+    amx: bool = False
 
 
 def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
@@ -171,6 +176,80 @@ def emit_packed_conv2d(
     return emit_marked_kernel(builder, kernel, [x, packed], name, mark)
 
 
+@dataclass(frozen=True)
+class PointwiseMatmul:
+    """A pointwise (1x1) NHWC convolution as a matmul: its ``rows`` (the output pixels, ``strides`` apart
+    in an input of ``height`` x ``width``) by its ``channels``, into ``cols`` output channels, reshaped back
+    to ``out_shape``."""
+
+    rows: int
+    channels: int
+    cols: int
+    height: int
+    width: int
+    strides: tuple[int, int]
+    out_shape: tuple[int, int, int, int]
+
+    def describe(self, call: relax.Call) -> str:
+        return f"{describe_core(call)} as matmul {self.rows}x{self.channels} @ {self.channels}x{self.cols}"
+
+    def weight(self, weight: np.ndarray) -> np.ndarray:
+        """The OHWI 1x1 ``weight`` as the matmul's ``W[channels, cols]``."""
+        return np.ascontiguousarray(weight[:, 0, 0, :].T)
+
+
+def pointwise_as_matmul(call: relax.Call, weight: np.ndarray) -> PointwiseMatmul | None:
+    """The matmul an NHWC conv2d ``call`` of OHWI ``weight`` is when it is pointwise (1x1, no padding, no
+    dilation, one group; any stride), else None:
+
+        y[n, h, w, :] = x[n, s*h, s*w, :] @ W[:, 0, 0, :].T
+    """
+    attrs = call.attrs
+    if conv2d_layout_misfit(call) or tuple(weight.shape[1:3]) != (1, 1):
+        return None
+    if any(int(p) for p in attrs.padding) or any(int(d) != 1 for d in attrs.dilation):
+        return None
+    sh, sw = (int(s) for s in attrs.strides)
+    batch, height, width, channels = (int(d) for d in call.args[0].ty.shape)
+    out_h, out_w, cols = (height - 1) // sh + 1, (width - 1) // sw + 1, int(weight.shape[0])
+    return PointwiseMatmul(
+        rows=batch * out_h * out_w,
+        channels=channels,
+        cols=cols,
+        height=height,
+        width=width,
+        strides=(sh, sw),
+        out_shape=(batch, out_h, out_w, cols),
+    )
+
+
+def emit_pointwise_matmul(
+    builder: relax.BlockBuilder,
+    call: relax.Call,
+    pointwise: PointwiseMatmul,
+    packed: relax.Expr,
+    *,
+    dtype: str,
+    name: str,
+    mark: str,
+) -> relax.Expr:
+    """Emit the pointwise conv2d ``call`` as :func:`matmul_kernel` of its (strided) pixels over the
+    ``packed`` weight (block ``name`` marked ``mark``), reshaped back to the convolution's output."""
+    x = call.args[0]
+    if pointwise.strides != (1, 1):
+        end = [pointwise.height, pointwise.width]
+        x = builder.emit(
+            relax.op.strided_slice(x, axes=[1, 2], begin=[0, 0], end=end, strides=list(pointwise.strides))
+        )
+    pixels = builder.emit(relax.op.reshape(x, [pointwise.rows, pointwise.channels]))
+
+    def kernel(data: Any, w: Any) -> Any:
+        return matmul_kernel(data, w, dtype, name)
+
+    out = emit_marked_kernel(builder, kernel, [pixels, packed], name, mark)
+    return relax.op.reshape(out, list(pointwise.out_shape))
+
+
 def emit_marked_kernel(
     builder: relax.BlockBuilder, kernel: Any, args: list[relax.Expr], name: str, mark: str
 ) -> relax.Expr:
@@ -223,6 +302,15 @@ class _VnniMutator(relax.PyExprMutator):
         return self._emit(call, matmul_kernel, [call.args[0], packed], "vnni_matmul")
 
     def _conv2d(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
+        pointwise = pointwise_as_matmul(call, weight) if self.report.amx else None
+        if pointwise is not None and fits_amx_tiles(INT8, pointwise.rows, pointwise.cols, pointwise.channels):
+            described = pointwise.describe(call)
+            self.report.packed.append(described)
+            self.report.matmul_extents[described] = (pointwise.rows, pointwise.cols, pointwise.channels)
+            packed = relax.const(pack_matmul_weight(pointwise.weight(weight), lanes=self.lanes), "int8")
+            return emit_pointwise_matmul(
+                self.builder_, call, pointwise, packed, dtype="int32", name="vnni_matmul", mark=VNNI_BLOCK
+            )
         why = conv2d_layout_misfit(call) or _block_misfit(
             weight.shape[0], weight.shape[3], "output channels", "input channels", self.lanes
         )

@@ -173,7 +173,7 @@ def plan_graph(
     operators = operator_histogram(mod)
     quant = QuantReport()
     lanes = vnni_lanes(target) if cpu else None
-    vnni = VnniReport(lanes=lanes) if lanes is not None else None
+    vnni = VnniReport(lanes=lanes, amx=has_amx_int8(target)) if lanes is not None else None
     reduced = PrecisionReport()
     amx_bf16, dot_bf16 = cpu and has_amx_bf16(target), cpu and has_avx512_bf16(target)
     bf16 = (
