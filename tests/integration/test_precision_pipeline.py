@@ -20,7 +20,7 @@ from schedules.vnni import has_avx512_bf16
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, rounded_operands_output, run_artifact_in_fresh_process
 from tests.host_jobs import run_host_job
-from tests.model_builders import build_cancelling_matmuls, build_mlp, build_small_cnn
+from tests.model_builders import build_attention_scores, build_cancelling_matmuls, build_mlp, build_small_cnn
 from tuner.entities import JobStatus
 from tuner.isolation.sandbox import ModelSandbox
 from tuner.jobs.pipeline import JobResult
@@ -195,6 +195,30 @@ def test_a_bf16_cnn_job_on_an_avx512_bf16_cpu_computes_its_convolutions_on_vdpbf
     assert manifest["precision"]["avx512_bf16_convolutions"] == result.fusion.avx512_bf16_convolutions
     assert manifest["precision"]["bf16_unpacked"] == [unpacked]
     x = np.random.default_rng(9).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path)
+
+
+@pytest.mark.skipif(
+    not has_avx512_bf16(to_tvm_target(host_target())),
+    reason="this CPU has no AVX512-BF16 (tests/unit/test_bf16_attention.py builds the kernels for one)",
+)
+def test_a_bf16_attention_job_computes_its_scores_and_weighted_sum_on_vdpbf16ps(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    path = tmp_path / "attention.onnx"
+    result = _tuned_reduced_job(sqlite_store, tmp_path, build_attention_scores(), path, trials=8)
+    # Q @ K^T and P @ V: no constant operand, packed as the model runs.
+    assert result.fusion.avx512_bf16_matmuls == [
+        "matmul 1x64x32 @ 1x32x64 (packed as it runs)",
+        "matmul 1x64x64 @ 1x64x32 (packed as it runs)",
+    ]
+    matmuls = [t for t in result.tasks if "dpbf16_matmul" in t.name]
+    assert len(matmuls) == 2
+    for task in matmuls:
+        assert "kiln_dpbf16ps_16x2" in best_schedule(sqlite_store, result.job, task).tir, task.name
+    (out,) = result.job.accuracy.outputs  # type: ignore[union-attr]
+    assert out.relative_error is not None and 0 < out.relative_error <= RELATIVE_TOLERANCE["bf16"]
+    x = np.random.default_rng(13).standard_normal((1, 64, 32)).astype(np.float32)
     _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path)
 
 

@@ -29,7 +29,14 @@ blocks (16 pixels a tile, output channels a multiple of 32, input channels of 32
     y[n, h, w, :] = x[n, s*h, s*w, :] @ W[:, 0, 0, :].T
 
 Other convolutions stay off AMX (its 16 tile rows would have to be 16 consecutive output pixels of a
-window). The others stay as they were (bf16 operands, products widened to fp32 by TVM).
+window).
+
+A matmul of two computed operands (attention's ``Q @ K^T`` and ``P @ V``, batched over heads) has no
+weight to pack at compile time: a kernel of its own packs the second operand as the model runs, batch by
+batch, in the same order (``Bp[..., N/16, K/2, 16, 2]``), marked so that the search never inlines it
+into the matmul (which would then read the operand unpacked), and the matmul goes on AMX tiles where it is
+whole blocks, else on ``vdpbf16ps``. The others stay as they were (bf16 operands, products widened to
+fp32 by TVM).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import relax, tvm
+from kiln_tvm import relax, s_tir, tvm
 from kiln_tvm.x86_amx import BF16
 from kiln_tvm.x86_bf16 import DPBF16_LANES, DPBF16_PAIR
 from schedules.amx import fits_amx_tiles
@@ -58,6 +65,7 @@ from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
 
 _Constant = tvm.ir.expr.Constant
+te = tvm.te
 
 
 @dataclass
@@ -113,7 +121,9 @@ class _Bf16Mutator(relax.PyExprMutator):
 
     def _matmul(self, call: relax.Call) -> relax.Expr:
         weight = _constant(call.args[1])
-        if weight is None or weight.ndim != 2:
+        if weight is None:
+            return self._activation_matmul(call)
+        if weight.ndim != 2:
             return self._declined(call, "its weight is not a 2-D constant")
         x_shape = [int(d) for d in call.args[0].ty.shape]
         rows = x_shape[-2] if len(x_shape) > 1 else 1
@@ -137,6 +147,43 @@ class _Bf16Mutator(relax.PyExprMutator):
             return matmul_kernel(x, w, "float32", name)
 
         return emit_marked_kernel(self.builder_, kernel, [call.args[0], packed], name, BF16_BLOCK)
+
+    def _activation_matmul(self, call: relax.Call) -> relax.Expr:
+        """A matmul of two computed operands (attention's QK^T and PV) on AMX tiles where it is whole
+        blocks, else on ``vdpbf16ps``: its second operand packed as the model runs, batch by batch, by a
+        kernel of its own that the search does not inline."""
+        x, b = call.args[:2]
+        x_shape, b_shape = ([int(d) for d in a.ty.shape] for a in (x, b))
+        if len(x_shape) < 2 or len(b_shape) != len(x_shape) or x_shape[:-2] != b_shape[:-2]:
+            return self._declined(call, "its operands' batch dimensions differ (a broadcast)")
+        rows, (depth, cols) = x_shape[-2], b_shape[-2:]
+        on_amx = self.report.amx and fits_amx_tiles(BF16, rows, cols, depth)
+        if not on_amx and not (self.report.dot and cols % DPBF16_LANES == 0 and depth % DPBF16_PAIR == 0):
+            why = []
+            if self.report.amx:
+                why.append("not whole 16-row x 32-column x 32-deep AMX blocks")
+            if self.report.dot:
+                why.append(f"{cols} columns, {depth} deep (vdpbf16ps: multiples of 16, 2)")
+            return self._declined(call, "; ".join(why))
+        described = f"{describe_core(call)} (packed as it runs)"
+        (self.report.packed if on_amx else self.report.dot_packed).append(described)
+        packed = self.builder_.call_te(
+            lambda data: packed_operand_kernel(data, DPBF16_LANES, DPBF16_PAIR),
+            b,
+            primfunc_name_hint="bf16_pack",
+        )
+        gvar = packed.args[0]
+        sch = s_tir.Schedule(tvm.IRModule({"main": self.builder_.get()[gvar]}))
+        sch.annotate(sch.get_sblock("bf16_pack"), NO_INLINE[0], NO_INLINE[1])
+        self.builder_.update_func(gvar, sch.mod["main"])
+        packed = self.builder_.emit(packed)
+
+        name = "amx_bf16_matmul" if on_amx else "dpbf16_matmul"
+
+        def kernel(data: Any, w: Any) -> Any:
+            return batched_matmul_kernel(data, w, "float32", name)
+
+        return emit_marked_kernel(self.builder_, kernel, [x, packed], name, BF16_BLOCK)
 
     def _pointwise_conv2d_on_amx(self, call: relax.Call) -> relax.Expr | None:
         """A pointwise NHWC convolution as the AMX matmul of its strided pixels by its channels, when those
@@ -173,6 +220,39 @@ class _Bf16Mutator(relax.PyExprMutator):
             mark=BF16_BLOCK,
             extra_channels=extra,
         )
+
+
+#: The annotation MetaSchedule's inlining rule reads: a packing kernel inlined into its matmul would leave the
+#: matmul reading the operand unpacked, which no dot-product intrinsic matches.
+NO_INLINE = ("meta_schedule.inline_rule", "disable")
+
+
+def packed_operand_kernel(b: Any, lanes: int, pair: int) -> Any:
+    """``B[..., K, N]`` -> ``Bp[..., N/lanes, K/pair, lanes, pair]``, batch by batch: the packing of
+    :func:`~tuner.passes.int8_packing.pack_matmul_weight` as a kernel, for an operand computed as the model
+    runs."""
+    *batch, depth, cols = b.shape
+
+    def body(*index: Any) -> Any:
+        *outer, block, pairs, lane, element = index
+        return b[(*outer, pairs * pair + element, block * lanes + lane)]
+
+    return te.compute((*batch, cols // lanes, depth // pair, lanes, pair), body, name="bf16_pack")
+
+
+def batched_matmul_kernel(x: Any, packed: Any, dtype: str, name: str) -> Any:
+    """``out[..., m, n] = sum_k dtype(x[..., m, k]) * dtype(Bp[..., n // L, k // P, n % L, k % P])``: the
+    matmul of :func:`~tuner.passes.int8_packing.matmul_kernel` over an operand packed per batch."""
+    reduce = te.reduce_axis((0, x.shape[-1]), name="k")
+    lanes, pair = (int(d) for d in packed.shape[-2:])
+    channels = packed.shape[-4] * lanes
+
+    def body(*index: Any) -> Any:
+        *outer, m, n = index
+        w = packed[(*outer, n // lanes, reduce // pair, n % lanes, reduce % pair)]
+        return te.sum(x[(*outer, m, reduce)].astype(dtype) * w.astype(dtype), axis=reduce)
+
+    return te.compute((*x.shape[:-1], channels), body, name=name)
 
 
 def _constant(expr: relax.Expr) -> np.ndarray | None:
