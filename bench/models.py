@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument(
         "--precision",
         default="as-is",
-        choices=["as-is", "bf16", "fp16"],
+        choices=["as-is", "auto", "bf16", "fp16"],
         help="Kiln's precision policy for float matmuls and convolutions (compare bf16 with OpenVINO's default)",
     )
     args = parser.parse_args()

@@ -29,7 +29,7 @@ from tuner.errors import InvalidSpec
 from tuner.isolation.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
 from tuner.metaschedule.callback import BatchListener, ProgressCallback
-from tuner.metaschedule.cost_model import xgb_model
+from tuner.metaschedule.cost_model import RankingCostModel, xgb_model
 from tuner.metaschedule.measured_seeds import measure_default_schedules, measure_schedules
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.metaschedule.runner import ExclusiveRunner, alloc_measure_arguments, run_calibrated_evaluator
@@ -167,7 +167,7 @@ def make_cost_model(name: str, cores: int) -> Any:
     """XGBoost (default) or random cost model."""
     check_cost_model(name)
     if name == "xgb":
-        return xgb_model(cores)
+        return RankingCostModel(xgb_model(cores))
     return ms.cost_model.RandomModel()
 
 

@@ -20,8 +20,11 @@ import logging
 import tempfile
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from kiln_tvm import SCHEDULE_ERRORS, Target, derived_object, ms, physical_core_count, s_tir
 from tuner.entities import NewRecord, StoredCostModel
@@ -58,6 +61,23 @@ def trained_samples(model: Any) -> int:
     return int(model.data_size)
 
 
+def candidate_scores(
+    features: list[np.ndarray], predict: Callable[[list[np.ndarray]], np.ndarray]
+) -> np.ndarray:
+    """One score per candidate from its per-store ``features``: ``predict`` (XGBoost summed over a
+    candidate's stores) for the candidates that have any; the others, whose every store sits inside a tensor
+    intrinsic's call where the extractor sees none (some ``vdpbf16ps`` schedules), get the mean of the rest,
+    neither favoured nor starved, or random scores when no candidate has features. MetaSchedule's own
+    pack-sum returns fewer scores than candidates when the last ones have none, and fails when none has."""
+    described = [index for index, rows in enumerate(features) if len(rows)]
+    if not described:
+        return np.random.uniform(low=0, high=1, size=len(features))
+    scores = np.asarray(predict([features[index] for index in described]), dtype="float64")
+    filled = np.full(len(features), scores.mean())
+    filled[described] = scores
+    return filled
+
+
 @derived_object
 class RankingCostModel(ms.cost_model.PyCostModel):
     """An XGBoost model that notes, per task, how many samples had trained it when the search first asked
@@ -80,9 +100,13 @@ class RankingCostModel(ms.cost_model.PyCostModel):
         self.model.update(context, candidates, results)
 
     def predict(self, context: Any, candidates: list[Any]) -> Any:
-        """Rank candidates with the wrapped model."""
+        """Rank candidates with the wrapped model: one score each (:func:`candidate_scores`)."""
         self.first_ranked.setdefault(str(context.task_name), trained_samples(self.model))
-        return self.model.predict(context, candidates)
+        model = self.model
+        if not trained_samples(model):
+            return model.predict(context, candidates)  # at random, one score each
+        features = [x.numpy().astype("float32") for x in model.extractor.extract_from(context, candidates)]
+        return candidate_scores(features, model._predict)
 
 
 def load_cost_model(store: Store, target: Target, target_key: str, scope: str | None) -> tuple[Any, int]:
