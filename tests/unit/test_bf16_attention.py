@@ -1,7 +1,7 @@
 """Attention's matmuls of two computed operands (``Q @ K^T``, ``P @ V``) under the bf16 policy: the second
-operand packed as the model runs, the matmul on ``vdpbf16ps`` (AVX512-BF16) or AMX tiles. What they
-compute is checked on the plain build here, and on the tensorized candidates where the CPU has the
-instruction; the code for the others is built, not run."""
+operand packed as the model runs, the matmul on AMX tiles (or on ``vdpbf16ps`` when asked). The same
+packing kernel and matmul serve both: what they compute is checked on the plain build and on the
+``vdpbf16ps`` candidates where the CPU has AVX512-BF16; the AMX code is built, and run only on AMX."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def _packed_keys(k: np.ndarray) -> np.ndarray:
 
 
 def test_a_matmul_of_computed_operands_is_packed_as_it_runs_and_computes_the_matmul() -> None:
-    report = Bf16AmxReport(amx=False, dot=True)
+    report = Bf16AmxReport(amx=False, dot=True, dot_activations=True)
     packed = pack_for_amx_bf16(report)(_scores())
     assert report.dot_packed == ["matmul 1x4x32x64 @ 1x4x64x32 (packed as it runs)"] and not report.unpacked
     packing = [f for g, f in packed.functions.items() if g.name_hint == "bf16_pack"]
@@ -72,13 +72,21 @@ def test_a_matmul_of_computed_operands_is_packed_as_it_runs_and_computes_the_mat
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
 
 
+def test_without_amx_they_stay_widened_unless_asked_and_say_why() -> None:
+    report = Bf16AmxReport(amx=False, dot=True)
+    pack_for_amx_bf16(report)(_scores())
+    (why,) = report.unpacked
+    assert why.startswith("matmul 1x4x32x64 @ 1x4x64x32: two computed operands go on AMX tiles only")
+    assert not report.dot_packed
+
+
 def test_operands_whose_batches_differ_are_left_as_they_were() -> None:
     bb = relax.BlockBuilder()
     q = relax.Var("q", relax.TensorType((1, HEADS, SEQ, DIM), "bfloat16"))
     k = relax.Var("k", relax.TensorType((1, 1, DIM, SEQ), "bfloat16"))
     with bb.function("main", [q, k]):
         bb.emit_func_output(bb.emit(relax.op.matmul(q, k, out_dtype="float32")))
-    report = Bf16AmxReport(amx=False, dot=True)
+    report = Bf16AmxReport(amx=False, dot=True, dot_activations=True)
     pack_for_amx_bf16(report)(bb.get())
     assert report.unpacked == [
         "matmul 1x4x32x64 @ 1x1x64x32: its operands' batch dimensions differ (a broadcast)"
@@ -86,7 +94,7 @@ def test_operands_whose_batches_differ_are_left_as_they_were() -> None:
 
 
 def test_vdpbf16ps_candidates_compute_the_scores() -> None:
-    kernel = _kernel(Bf16AmxReport(amx=False, dot=True))
+    kernel = _kernel(Bf16AmxReport(amx=False, dot=True, dot_activations=True))
     candidates = sampled_candidates(kernel, ZEN4, 2)
     assert all("kiln_dpbf16ps" in c.mod.script() for c in candidates)
     if not has_avx512_bf16(HOST):

@@ -35,8 +35,8 @@ A matmul of two computed operands (attention's ``Q @ K^T`` and ``P @ V``, batche
 weight to pack at compile time: a kernel of its own packs the second operand as the model runs, batch by
 batch, in the same order (``Bp[..., N/16, K/2, 16, 2]``), marked so that the search never inlines it
 into the matmul (which would then read the operand unpacked), and the matmul goes on AMX tiles where it is
-whole blocks, else on ``vdpbf16ps``. The others stay as they were (bf16 operands, products widened to
-fp32 by TVM).
+whole blocks (on ``vdpbf16ps`` only when asked: ``Bf16AmxReport.dot_activations``). The others stay as
+they were (bf16 operands, products widened to fp32 by TVM).
 """
 
 from __future__ import annotations
@@ -79,6 +79,10 @@ class Bf16AmxReport:
     unpacked: list[str] = field(default_factory=list)  # "matmul 1x512 @ 512x10: 1 rows ..."
     amx: bool = True
     dot: bool = False
+    #: Whether a matmul of two computed operands goes on ``vdpbf16ps`` where AMX does not take it. Off:
+    #: on Zen 4 it halved attention's matmul kernels but not the model (the packing kernels and the calls
+    #: cost what they gained; bench/RESULTS.md), so there they stay widened.
+    dot_activations: bool = False
 
 
 def pack_for_amx_bf16(report: Bf16AmxReport | None = None) -> tvm.transform.Pass:
@@ -158,12 +162,18 @@ class _Bf16Mutator(relax.PyExprMutator):
             return self._declined(call, "its operands' batch dimensions differ (a broadcast)")
         rows, (depth, cols) = x_shape[-2], b_shape[-2:]
         on_amx = self.report.amx and fits_amx_tiles(BF16, rows, cols, depth)
-        if not on_amx and not (self.report.dot and cols % DPBF16_LANES == 0 and depth % DPBF16_PAIR == 0):
+        dot = self.report.dot and self.report.dot_activations
+        if not on_amx and not (dot and cols % DPBF16_LANES == 0 and depth % DPBF16_PAIR == 0):
             why = []
             if self.report.amx:
                 why.append("not whole 16-row x 32-column x 32-deep AMX blocks")
-            if self.report.dot:
+            if dot:
                 why.append(f"{cols} columns, {depth} deep (vdpbf16ps: multiples of 16, 2)")
+            elif self.report.dot:
+                why.append(
+                    "two computed operands go on AMX tiles only (on vdpbf16ps, packing the second as the "
+                    "model runs cost what the kernel gained, bench/RESULTS.md)"
+                )
             return self._declined(call, "; ".join(why))
         described = f"{describe_core(call)} (packed as it runs)"
         (self.report.packed if on_amx else self.report.dot_packed).append(described)
