@@ -42,29 +42,39 @@ CONVOLUTIONS = [
 ]
 
 
-def _bf16(values: np.ndarray) -> np.ndarray:
-    return values.astype(ml_dtypes.bfloat16)
+def _operands(rng: np.random.Generator, dtype: str, data: tuple[int, ...], weight: tuple[int, ...]) -> tuple:
+    """An input and a weight of ``dtype``'s convolution: bf16 (scaled to unit outputs) or u8 x s8."""
+    if dtype == "int8":
+        return rng.integers(0, 256, data, dtype=np.uint8), rng.integers(-128, 128, weight, dtype=np.int8)
+    fan_in = float(np.prod(weight[1:]))
+    x, w = rng.standard_normal(data), rng.standard_normal(weight) / np.sqrt(fan_in)
+    return x.astype(ml_dtypes.bfloat16), w.astype(ml_dtypes.bfloat16)
 
 
-def _convolutions() -> tuple[tvm.IRModule, list[np.ndarray], list[np.ndarray]]:
-    """One NHWC bf16 convolution of each :data:`CONVOLUTIONS` (fp32 results), its inputs and weights (OHWI)."""
+def _convolutions(dtype: str = "bf16") -> tuple[tvm.IRModule, list[np.ndarray], list[np.ndarray]]:
+    """One NHWC convolution of each :data:`CONVOLUTIONS`, its inputs and weights (OHWI): bf16 operands with
+    fp32 results, or (``dtype`` int8) u8 x s8 with int32 results, as QDQ lowering leaves them."""
+    x_dtype, w_dtype, out_dtype = (
+        ("uint8", "int8", "int32") if dtype == "int8" else ("bfloat16",) * 2 + ("float32",)
+    )
     rng = np.random.default_rng(4)
     bb = relax.BlockBuilder()
     params, inputs, weights, outputs = [], [], [], []
     for index, ((h, w), c, o, k, _) in enumerate(CONVOLUTIONS):
-        params.append(relax.Var(f"x{index}", relax.TensorType((1, h, w, c), "bfloat16")))
-        inputs.append(_bf16(rng.standard_normal((1, h, w, c))))
-        weights.append(_bf16(rng.standard_normal((o, k, k, c)) / np.sqrt(k * k * c)))
+        params.append(relax.Var(f"x{index}", relax.TensorType((1, h, w, c), x_dtype)))
+        x, weight = _operands(rng, dtype, (1, h, w, c), (o, k, k, c))
+        inputs.append(x)
+        weights.append(weight)
     with bb.function("main", params):
         for index, (*_, k, s) in enumerate(CONVOLUTIONS):
             conv = relax.op.nn.conv2d(
                 params[index],
-                relax.const(weights[index], "bfloat16"),
+                relax.const(weights[index], w_dtype),
                 strides=[s, s],
                 padding=[k // 2] * 4,
                 data_layout="NHWC",
                 kernel_layout="OHWI",
-                out_dtype="float32",
+                out_dtype=out_dtype,
             )
             outputs.append(bb.emit(conv))
         bb.emit_func_output(relax.Tuple(outputs))
@@ -178,33 +188,8 @@ def test_a_bf16_plan_for_an_amx_cpu_puts_a_models_pointwise_convolutions_on_tile
     assert fusion.precision_compute == "native"
 
 
-def _int8_convolutions() -> tuple[tvm.IRModule, list[np.ndarray], list[np.ndarray]]:
-    """The same convolutions on u8 x s8 operands with int32 results, as QDQ lowering leaves them."""
-    rng = np.random.default_rng(5)
-    bb = relax.BlockBuilder()
-    params, inputs, weights, outputs = [], [], [], []
-    for index, ((h, w), c, o, k, _) in enumerate(CONVOLUTIONS):
-        params.append(relax.Var(f"x{index}", relax.TensorType((1, h, w, c), "uint8")))
-        inputs.append(rng.integers(0, 256, (1, h, w, c), dtype=np.uint8))
-        weights.append(rng.integers(-128, 128, (o, k, k, c), dtype=np.int8))
-    with bb.function("main", params):
-        for index, (*_, k, s) in enumerate(CONVOLUTIONS):
-            conv = relax.op.nn.conv2d(
-                params[index],
-                relax.const(weights[index], "int8"),
-                strides=[s, s],
-                padding=[k // 2] * 4,
-                data_layout="NHWC",
-                kernel_layout="OHWI",
-                out_dtype="int32",
-            )
-            outputs.append(bb.emit(conv))
-        bb.emit_func_output(relax.Tuple(outputs))
-    return bb.get(), inputs, weights
-
-
 def test_int8_pointwise_convolutions_of_whole_blocks_go_on_the_matmul_amx_tiles() -> None:
-    mod, inputs, weights = _int8_convolutions()
+    mod, inputs, weights = _convolutions("int8")
     report = VnniReport(amx=True)
     packed = pack_for_vnni(report)(mod)
     assert report.matmul_extents == {
@@ -228,7 +213,7 @@ def test_int8_pointwise_convolutions_of_whole_blocks_go_on_the_matmul_amx_tiles(
 
 
 def test_an_int8_pointwise_convolutions_matmul_goes_on_tdpbusd() -> None:
-    mod, _, _ = _int8_convolutions()
+    mod, _, _ = _convolutions("int8")
     lowered = relax.get_pipeline("zero")(pack_for_vnni(VnniReport(amx=True))(mod))
     (kernel, *_) = [
         f
