@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln_tvm import Target, relax, tvm
+from schedules.amx import has_amx_bf16
+from schedules.vnni import has_avx512_bf16
 from tuner.errors import InvalidSpec
 from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
 
 #: The policies a job may ask for; ``as-is`` changes nothing; ``auto`` is ``bf16`` or ``as-is`` by the CPU.
 PRECISIONS = ("as-is", "auto", "bf16", "fp16")
-#: LLVM's names of the CPU features that multiply bf16 natively.
-BF16_INSTRUCTIONS = ("amx-bf16", "avx512bf16")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 #: Per policy, the largest norm-wise relative error of an output against the float32 reference
 #: (``||a - e|| / ||e||``) that verification accepts. A bf16 operand carries a relative rounding error up to
@@ -47,11 +47,10 @@ def check_precision(policy: str) -> None:
 
 
 def native_bf16(target: Target) -> list[str]:
-    """The bf16 instructions of ``target``'s CPU (:data:`BF16_INSTRUCTIONS`); none for other targets."""
-    if target.kind.name != "llvm":
-        return []
-    features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
-    return [name for name in BF16_INSTRUCTIONS if name in features]
+    """The bf16 instructions of ``target``'s CPU, as LLVM names them (``amx-bf16``, ``avx512bf16``): those
+    the schedules tensorize with (:func:`schedules.amx.has_amx_bf16`, :func:`schedules.vnni.has_avx512_bf16`)."""
+    found = (("amx-bf16", has_amx_bf16(target)), ("avx512bf16", has_avx512_bf16(target)))
+    return [name for name, present in found if present]
 
 
 def auto_precision(target: Target) -> tuple[str, str]:
