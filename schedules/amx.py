@@ -9,8 +9,9 @@ Two kinds of kernel are packed for AMX's weight tiles, each block marked by its 
 
 On a CPU with the kind's AMX multiply, the rule here tiles each such matmul whose rows are a multiple of
 16, columns of 32 and reduction of one tile row (64 int8, 32 bf16) into blocks of :mod:`kiln_tvm.x86_amx`'s
-intrinsics, and leaves the rest (convolutions, whose 16 tile rows would have to be 16 consecutive output
-pixels) to the rules after it: VNNI for int8, plain tiling for bf16.
+intrinsics, and leaves the rest to the rules after it: VNNI for int8, ``vdpbf16ps`` or plain tiling for
+bf16. Convolutions reach it as matmuls: pointwise ones over their pixels, windowed ones as implicit GEMMs
+whose taps are reduction loops around the tile multiply (:mod:`tuner.passes.windowed_gemm`).
 
 The intrinsic block is fixed per design space (16 or 32 rows by 32 columns, the deepest registered
 reduction that divides the kernel's); the search samples the blocking of the loops around it, which the
@@ -74,18 +75,20 @@ def fits_amx_tiles(kind: AmxKind, rows: int, cols: int, depth: int) -> bool:
 
 def amx_matmul_extents(sch: s_tir.Schedule, block: Any, kind: AmxKind) -> tuple[int, int, int] | None:
     """``(rows, columns, reduction)`` of a matmul block packed for ``kind`` that AMX can serve, else None:
-    one reduction loop innermost, the columns and rows the two spatial loops above it."""
+    its spatial loops first, the rows and columns the last two of them, then its reduction loops, the
+    innermost the one tiles reduce (a convolution's taps, :mod:`tuner.passes.windowed_gemm`, above it)."""
     stmt = sch.get(block)
     if _MARK[kind.name] not in stmt.annotations or len(stmt.iter_vars) < 3:
         return None
     kinds = [int(v.iter_type) for v in stmt.iter_vars]  # 0: spatial, 2: reduction
-    if kinds[-1] != 2 or any(k != 0 for k in kinds[:-1]):
+    spatial = kinds.index(2) if 2 in kinds else len(kinds)
+    if spatial < 2 or any(k != 0 for k in kinds[:spatial]) or any(k != 2 for k in kinds[spatial:]):
         return None
     loops = sch.get_loops(block)
     extents = [sch.get(loop).extent for loop in loops]
     if len(loops) != len(kinds) or not all(isinstance(e, tvm.tirx.IntImm) for e in extents):
         return None
-    rows, cols, depth = (int(e) for e in extents[-3:])
+    rows, cols, depth = int(extents[spatial - 2]), int(extents[spatial - 1]), int(extents[-1])
     return (rows, cols, depth) if fits_amx_tiles(kind, rows, cols, depth) else None
 
 
@@ -124,13 +127,15 @@ class AmxTiling(ms.schedule_rule.PyScheduleRule):
 def _tile(sch: s_tir.Schedule, block: Any, kind: AmxKind, tiles: int, reduction: int) -> s_tir.Schedule:
     """``sch`` with ``block``'s last three loops tiled around one intrinsic block and marked for it."""
     name = sch.get(block).name_hint
-    *_, m, n, k = sch.get_loops(block)
+    spatial = [int(v.iter_type) for v in sch.get(block).iter_vars].index(2)
+    loops = sch.get_loops(block)
+    m, n, taps, k = loops[spatial - 2], loops[spatial - 1], loops[spatial:-1], loops[-1]
     m_blocks, m_inner = sch.split(m, [None, tiles * TILE_ROWS])
     n_blocks, n_inner = sch.split(n, [None, BLOCK_COLS])
     k_blocks, k_inner = sch.split(k, [None, reduction * kind.depth])
     m_outer, m_mid = sch.split(m_blocks, sch.sample_perfect_tile(m_blocks, n=2, max_innermost_factor=16))
     n_outer, n_mid = sch.split(n_blocks, sch.sample_perfect_tile(n_blocks, n=2, max_innermost_factor=16))
-    sch.reorder(m_outer, n_outer, n_mid, m_mid, k_blocks, m_inner, n_inner, k_inner)
+    sch.reorder(m_outer, n_outer, n_mid, m_mid, *taps, k_blocks, m_inner, n_inner, k_inner)
     tiled = sch.blockize(m_inner)
     cols = BLOCK_COLS // TILE_COLS
     sch.annotate(tiled, _AUTO_TENSORIZE, amx_intrinsic_name(kind, tiles, cols, reduction))

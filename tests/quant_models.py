@@ -8,12 +8,19 @@ scales come from the float layer's range on a seeded input, so outputs use most 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.model_builders import IR_VERSION, OPSET, _model
+from tuner.compile import LoadedModel, build_untuned
+from tuner.frontend import load_model
+from tuner.passes.plan import GraphPlan, plan_graph
+from tuner.targets import host_target, to_tvm_target
+
+TARGET = to_tvm_target(host_target())
 
 _ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 
@@ -28,6 +35,10 @@ class QuantSpec:
     weight_zero_point: int = 0  # nonzero: asymmetric weights (every channel gets this plus its index % 3)
     bias: bool = True
     activation: str | None = "relu"  # "relu", "clip" (ReLU6), or None
+    #: After the layer's quantized output: "gelu" (Div, Erf, Add, Mul, Mul), "tanh", or "requantize" (Mul
+    #: and Add by constants), each operator's output quantized as onnxruntime's quantize_static writes them
+    #: (all but the Div's).
+    chain: str | None = None
 
 
 def _range(dtype: str) -> tuple[int, int]:
@@ -165,6 +176,8 @@ def build_qdq_net(
     x = np.random.default_rng(seed).standard_normal(x_shape).astype(np.float32)
     y_scale, y_zero = _output_params(_probe(g, act, x), dtype)
     y = g.dequantize(g.quantize(act, y_scale, y_zero, dtype), y_scale, y_zero, dtype)
+    if spec.chain is not None:
+        y = _quantized_chain(g, y, spec.chain, x, dtype)
     if layout_op is not None:
         y = _layout(g, y, layout_op, kind)
         y = g.dequantize(g.quantize(y, y_scale, y_zero, dtype), y_scale, y_zero, dtype)
@@ -179,6 +192,25 @@ def build_qdq_net(
     o_scale, o_zero = _output_params(probe2, dtype)
     out = g.dequantize(g.quantize(out, o_scale, o_zero, dtype), o_scale, o_zero, dtype)
     return _model(_graph_with_output(g, out, "y", probe2.shape))
+
+
+def _quantized_chain(g: _Graph, y: str, chain: str, x: np.ndarray, dtype: str) -> str:
+    """``chain`` applied to ``y``, each operator's output quantized with parameters from its range on ``x``."""
+
+    def requantized(out: str) -> str:
+        scale, zero = _output_params(_probe(g, out, x), dtype)
+        return g.dequantize(g.quantize(out, scale, zero, dtype), scale, zero, dtype)
+
+    if chain == "tanh":
+        return requantized(g.node("Tanh", [y]))
+    if chain == "requantize":
+        scaled = requantized(g.node("Mul", [y, g.const("c", np.float32(0.37))]))
+        return requantized(g.node("Add", [scaled, g.const("c", np.float32(0.25))]))
+    assert chain == "gelu", chain
+    erf = requantized(g.node("Erf", [g.node("Div", [y, g.const("c", np.float32(1.4142135))])]))
+    shifted = requantized(g.node("Add", [erf, g.const("c", np.float32(1.0))]))
+    product = requantized(g.node("Mul", [y, shifted]))
+    return requantized(g.node("Mul", [product, g.const("c", np.float32(0.5))]))
 
 
 def _layout(g: _Graph, y: str, op: str, kind: str) -> str:
@@ -216,3 +248,52 @@ def output_step(model: onnx.ModelProto) -> float:
     assert node.op_type == "DequantizeLinear"
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     return float(inits[node.input[1]])
+
+
+def qdq_sessions(path: Path) -> tuple[object, object]:
+    """onnxruntime as users run it, and ONNX's own semantics of the QDQ graph: onnxruntime with its graph
+    optimizations off, so each DequantizeLinear, float operator and QuantizeLinear runs as written (its
+    fused QLinear kernels round the bias and the requantization differently, by up to one step)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    providers = ["CPUExecutionProvider"]
+    return (
+        ort.InferenceSession(str(path), providers=providers),
+        ort.InferenceSession(str(path), options, providers=providers),
+    )
+
+
+def reference_output(path: Path, x: np.ndarray) -> np.ndarray:
+    return qdq_sessions(path)[1].run(None, {"x": x})[0]  # type: ignore[attr-defined]
+
+
+def plan_and_compare(
+    model: onnx.ModelProto, tmp_path: Path, inputs: int = 6, *, optimized_steps: float | None = 1.0
+) -> GraphPlan:
+    """Plan the model, run it untuned and check it within one step of onnxruntime, and to the step of
+    ONNX's reference semantics on nearly every output (ties may round either way). ``optimized_steps=None``
+    leaves onnxruntime's optimized graph out: on chains of quantized activations it is itself two steps
+    from the reference, which is what Kiln computes."""
+    path = tmp_path / "qdq.onnx"
+    onnx.save(model, path)
+    plan = plan_graph(load_model(path).mod, TARGET)
+    loaded = LoadedModel(build_untuned(plan.prepared, TARGET))
+    step = output_step(model)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    optimized, reference = qdq_sessions(path)
+    worst, differ, total = 0.0, 0, 0
+    for seed in range(inputs):
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        got = loaded.run([x])[0]
+        if optimized_steps is not None:
+            optimized_out = optimized.run(None, {"x": x})[0]  # type: ignore[attr-defined]
+            off = float(np.abs(got - optimized_out).max()) / step
+            assert off <= optimized_steps + 0.001, f"{off:.2f} steps from onnxruntime"
+        lsb = np.abs(got - reference.run(None, {"x": x})[0]) / step  # type: ignore[attr-defined]
+        worst = max(worst, float(lsb.max()))
+        differ, total = differ + int((lsb > 0.5).sum()), total + lsb.size
+    assert worst <= 1.001, f"{worst:.2f} steps from ONNX's reference"
+    assert differ <= 0.01 * total, f"{differ} of {total} outputs differ from ONNX's reference by a step"
+    return plan

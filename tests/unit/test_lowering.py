@@ -33,15 +33,23 @@ def levels(tmp_path_factory: pytest.TempPathFactory) -> list[IrLevel]:
 def test_each_graph_pass_is_a_level_and_the_zero_pipeline_its_steps(levels: list[IrLevel]) -> None:
     names = [level.name for level in levels]
     assert names[0] == IMPORTED and [level.position for level in levels] == list(range(len(levels)))
-    # Kiln's passes, then TVM's zero pipeline step by step, then the layout-free weights.
+    # Kiln's passes, then TVM's zero pipeline step by step (with Kiln's lookup tables marked elementwise),
+    # then the layout-free weights.
     for expected in ("ConvertLayout", "DecomposeOpsForInference", "EliminateCommonSubexpr", "FoldConstant"):
         assert any(name.startswith(expected.removesuffix("ForInference")) for name in names), (
             expected,
             names,
         )
-    steps = ["LegalizeOps", "AnnotateTIROpPattern", "FoldConstant", "FuseOps", "FuseTIR"]
+    steps = [
+        "LegalizeOps",
+        "AnnotateTIROpPattern",
+        "KilnLookupsAsElementwise",
+        "FoldConstant",
+        "FuseOps",
+        "FuseTIR",
+    ]
     start = names.index("LegalizeOps")
-    assert names[start : start + 5] == steps and names[-1] == "AttachAttrLayoutFreeBuffers"
+    assert names[start : start + len(steps)] == steps and names[-1] == "AttachAttrLayoutFreeBuffers"
     # Passes run inside a step (FoldConstant builds kernels with TIR's whole pipeline) are not levels.
     assert not [name for name in names if name.startswith(("tirx.", "s_tir.")) or name == "sequential"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from kiln_tvm import relax
 from schedules.vnni import has_packed_block
-from tests.quant_models import QuantSpec, build_qdq_net, output_step
+from tests.quant_models import QuantSpec, build_qdq_net, plan_and_compare, reference_output
 from tuner.compile import LoadedModel, build_untuned
 from tuner.frontend import load_model
 from tuner.passes.plan import GraphPlan, plan_graph
@@ -30,48 +30,6 @@ def _ops(func: relax.Function) -> list[relax.Call]:
 
     relax.analysis.post_order_visit(func.body, visit)
     return found
-
-
-def _sessions(path: Path) -> tuple[object, object]:
-    """onnxruntime as users run it, and ONNX's own semantics of the QDQ graph: onnxruntime with its graph
-    optimizations off, so each DequantizeLinear, float operator and QuantizeLinear runs as written (its
-    fused QLinear kernels round the bias and the requantization differently, by up to one step)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    providers = ["CPUExecutionProvider"]
-    return (
-        ort.InferenceSession(str(path), providers=providers),
-        ort.InferenceSession(str(path), options, providers=providers),
-    )
-
-
-def _reference(path: Path, x: np.ndarray) -> np.ndarray:
-    return _sessions(path)[1].run(None, {"x": x})[0]  # type: ignore[attr-defined]
-
-
-def _plan_and_compare(model: onnx.ModelProto, tmp_path: Path, inputs: int = 6) -> GraphPlan:
-    """Plan the model, run it untuned and check it within one step of onnxruntime, and to the step of
-    ONNX's reference semantics on nearly every output (ties may round either way)."""
-    path = tmp_path / "qdq.onnx"
-    onnx.save(model, path)
-    plan = plan_graph(load_model(path).mod, TARGET)
-    loaded = LoadedModel(build_untuned(plan.prepared, TARGET))
-    step = output_step(model)
-    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    optimized, reference = _sessions(path)
-    worst, differ, total = 0.0, 0, 0
-    for seed in range(inputs):
-        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-        got = loaded.run([x])[0]
-        worst = max(worst, float(np.abs(got - optimized.run(None, {"x": x})[0]).max()) / step)  # type: ignore[attr-defined]
-        lsb = np.abs(got - reference.run(None, {"x": x})[0]) / step  # type: ignore[attr-defined]
-        worst = max(worst, float(lsb.max()))
-        differ, total = differ + int((lsb > 0.5).sum()), total + lsb.size
-    assert worst <= 1.001, f"{worst:.2f} steps from onnxruntime"
-    assert differ <= 0.01 * total, f"{differ} of {total} outputs differ from ONNX's reference by a step"
-    return plan
 
 
 def _integer_cores(plan: GraphPlan) -> list[list[relax.Expr]]:
@@ -111,7 +69,7 @@ def _integer_cores(plan: GraphPlan) -> list[list[relax.Expr]]:
 def test_quantized_layers_compute_in_integers_and_match_onnxruntime(
     kind: str, spec: QuantSpec, tmp_path: Path
 ) -> None:
-    plan = _plan_and_compare(build_qdq_net(kind, spec), tmp_path)
+    plan = plan_and_compare(build_qdq_net(kind, spec), tmp_path)
     cores = _integer_cores(plan)
     # The layer and the matmul after it; a convolution of asymmetric weights adds the input's window
     # sums (a convolution with ones).
@@ -124,14 +82,14 @@ def test_quantized_layers_compute_in_integers_and_match_onnxruntime(
 
 
 def test_a_grouped_convolution_is_lowered(tmp_path: Path) -> None:
-    plan = _plan_and_compare(build_qdq_net("conv", QuantSpec(weight_zero_point=2), groups=2), tmp_path)
+    plan = plan_and_compare(build_qdq_net("conv", QuantSpec(weight_zero_point=2), groups=2), tmp_path)
     assert len(_integer_cores(plan)) >= 2
 
 
 @pytest.mark.parametrize("layout_op", ["MaxPool", "Reshape", "Transpose", "Flatten"])
 def test_qdq_pairs_around_layout_operators_fold(layout_op: str, tmp_path: Path) -> None:
     kind = "matmul" if layout_op == "Transpose" else "conv"
-    plan = _plan_and_compare(build_qdq_net(kind, layout_op=layout_op), tmp_path)
+    plan = plan_and_compare(build_qdq_net(kind, layout_op=layout_op), tmp_path)
     calls = _ops(plan.prepared["main"])
     # Only the model's input is quantized and only its output dequantized: the layout operator runs on
     # the integers.
@@ -162,7 +120,7 @@ def test_an_unquantized_output_keeps_the_operator_in_float_and_says_why(tmp_path
     assert kept.shapes == "4x24 @ 24x10"
     x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
     got = LoadedModel(build_untuned(plan.prepared, TARGET)).run([x])[0]
-    np.testing.assert_allclose(got, _reference(path, x), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, reference_output(path, x), rtol=1e-4, atol=1e-4)
 
 
 def test_a_weight_computed_at_run_time_stays_in_float_with_the_reason(tmp_path: Path) -> None:

@@ -52,8 +52,6 @@ from kiln_tvm.x86_bf16 import DPBF16_LANES, DPBF16_PAIR
 from schedules.amx import fits_amx_tiles
 from schedules.vnni import BF16_BLOCK
 from tuner.passes.int8_packing import (
-    conv2d_layout_misfit,
-    emit_marked_kernel,
     emit_packed_conv2d,
     emit_pointwise_matmul,
     matmul_kernel,
@@ -61,8 +59,10 @@ from tuner.passes.int8_packing import (
     pack_matmul_weight,
     pointwise_as_matmul,
 )
+from tuner.passes.marked_kernels import conv2d_layout_misfit, emit_marked_kernel
 from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
+from tuner.passes.windowed_gemm import emit_windowed_gemm, pack_windowed_weight, windowed_as_gemm
 
 _Constant = tvm.ir.expr.Constant
 te = tvm.te
@@ -112,9 +112,10 @@ class _Bf16Mutator(relax.PyExprMutator):
         if call.op.same_as(self.matmul):
             return self._matmul(call)
         if call.op.same_as(self.conv2d) and self.report.amx:
-            pointwise = self._pointwise_conv2d_on_amx(call)
-            if pointwise is not None:
-                return pointwise
+            for on_tiles in (self._pointwise_conv2d_on_amx, self._windowed_conv2d_on_amx):
+                rewritten = on_tiles(call)
+                if rewritten is not None:
+                    return rewritten
         if call.op.same_as(self.conv2d) and self.report.dot:
             return self._conv2d(call)
         return call
@@ -206,6 +207,19 @@ class _Bf16Mutator(relax.PyExprMutator):
         packed = relax.const(pack_matmul_weight(pointwise.weight(weight), BF16.pair), "bfloat16")
         return emit_pointwise_matmul(
             self.builder_, call, pointwise, packed, dtype="float32", name="amx_bf16_matmul", mark=BF16_BLOCK
+        )
+
+    def _windowed_conv2d_on_amx(self, call: relax.Call) -> relax.Expr | None:
+        """A windowed stride-1 NHWC convolution as an AMX implicit GEMM over its flattened padded input
+        (:mod:`tuner.passes.windowed_gemm`), when its channels are whole AMX blocks; None otherwise."""
+        weight = _constant(call.args[1])
+        windowed = windowed_as_gemm(call, weight, BF16) if weight is not None else None
+        if windowed is None:
+            return None
+        self.report.packed.append(windowed.describe(call))
+        packed = relax.const(pack_windowed_weight(weight, DPBF16_LANES, BF16.pair), "bfloat16")
+        return emit_windowed_gemm(
+            self.builder_, call, windowed, packed, dtype="float32", name="amx_bf16_matmul", mark=BF16_BLOCK
         )
 
     def _conv2d(self, call: relax.Call) -> relax.Expr:

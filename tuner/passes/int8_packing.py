@@ -28,13 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import relax, s_tir, tvm
+from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import INT8
 from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_LANES
 from schedules.amx import fits_amx_tiles
 from schedules.vnni import VNNI_BLOCK, has_packed_block
+from tuner.passes.marked_kernels import conv2d_layout_misfit, emit_marked_kernel
 from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
+from tuner.passes.windowed_gemm import emit_windowed_gemm, pack_windowed_weight, windowed_as_gemm
 
 te = tvm.te
 _Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
@@ -135,17 +137,6 @@ def conv2d_kernel(
         return te.sum(value * weight.astype(dtype), axis=[ri, rj, rc])
 
     return te.compute((batch, out_h, out_w, blocks * lanes), body, name=name)
-
-
-def conv2d_layout_misfit(call: relax.Call) -> str | None:
-    """Why a conv2d call cannot go on a packed kernel (its layouts, its groups), or None."""
-    attrs = call.attrs
-    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    if layouts != ("NHWC", "OHWI", "NHWC"):
-        return f"its layouts are {'/'.join(layouts)} (NHWC/OHWI/NHWC is packed)"
-    if int(attrs.groups) != 1:
-        return f"it is grouped ({int(attrs.groups)} groups)"
-    return None
 
 
 def emit_packed_conv2d(
@@ -250,19 +241,6 @@ def emit_pointwise_matmul(
     return relax.op.reshape(out, list(pointwise.out_shape))
 
 
-def emit_marked_kernel(
-    builder: relax.BlockBuilder, kernel: Any, args: list[relax.Expr], name: str, mark: str
-) -> relax.Expr:
-    """Emit the TE ``kernel`` on ``args`` as the PrimFunc ``name``, its block ``name`` annotated ``mark``
-    (the rules of :mod:`schedules` tensorize marked blocks only)."""
-    out = builder.call_te(kernel, *args, primfunc_name_hint=name)
-    gvar = out.args[0]
-    sch = s_tir.Schedule(tvm.IRModule({"main": builder.get()[gvar]}))
-    sch.annotate(sch.get_sblock(name), mark, 1)
-    builder.update_func(gvar, sch.mod["main"])
-    return out
-
-
 @relax.expr_functor.mutator
 class _VnniMutator(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, report: VnniReport, lanes: int) -> None:
@@ -310,6 +288,18 @@ class _VnniMutator(relax.PyExprMutator):
             packed = relax.const(pack_matmul_weight(pointwise.weight(weight), lanes=self.lanes), "int8")
             return emit_pointwise_matmul(
                 self.builder_, call, pointwise, packed, dtype="int32", name="vnni_matmul", mark=VNNI_BLOCK
+            )
+        # The lowered convolution's input comes padded with its zero point (its own padding is 0).
+        windowed = windowed_as_gemm(call, weight, INT8) if self.report.amx else None
+        if windowed is not None and not any(windowed.padding):
+            described = windowed.describe(call)
+            self.report.packed.append(described)
+            kh, kw = windowed.window
+            depth = kh * kw * windowed.channels
+            self.report.matmul_extents[described] = (windowed.rows, windowed.cols, depth)
+            packed = relax.const(pack_windowed_weight(weight, self.lanes, VNNI_DEPTH), "int8")
+            return emit_windowed_gemm(
+                self.builder_, call, windowed, packed, dtype="int32", name="vnni_matmul", mark=VNNI_BLOCK
             )
         why = conv2d_layout_misfit(call) or _block_misfit(
             weight.shape[0], weight.shape[3], "output channels", "input channels", self.lanes

@@ -2,9 +2,9 @@
 pass changed.
 
 :func:`recording_levels` watches the passes run inside it through a TVM pass instrument and keeps one
-level per *step*: a pass that is not a ``Sequential`` and not a wrapper around one (TVM's ``zero``
-pipeline is a module pass running a ``Sequential`` of LegalizeOps, AnnotateTIROpPattern, FoldConstant,
-FuseOps and FuseTIR on the same module: those five are the steps). Passes a step runs on other modules
+level per *step*: a pass that is not a ``Sequential`` and not a wrapper around one (Kiln's lowering runs
+TVM's ``zero`` pipeline as a ``Sequential`` of LegalizeOps, AnnotateTIROpPattern, Kiln's
+KilnLookupsAsElementwise, FoldConstant, FuseOps and FuseTIR: those six are the steps). Passes a step runs on other modules
 (FoldConstant builds and runs the kernels that evaluate constants, with TIR's whole pipeline) and passes
 nested in a step (the DeadCodeElimination a Kiln pass ends with) belong to that step.
 

@@ -20,6 +20,7 @@ from tuner.passes.layout_conversion import convert_layout
 from tuner.passes.levels import LevelRecorder, kernel_calls, operator_histogram, recording_levels
 from tuner.passes.precision import PrecisionReport, auto_precision, precision_compute, reduce_precision
 from tuner.passes.qdq_lowering import QuantReport, lower_qdq
+from tuner.passes.qdq_tables import lookups_as_elementwise, tabulate_qdq_chains
 from tuner.passes.tile_rewrite import tile_as_broadcast
 
 
@@ -98,6 +99,7 @@ def inference_passes(
             # Activations the importers emit as opaque kernels become operators ConvertLayout can move.
             guard(elementwise_as_operators(), "activations as operators"),
             guard(lower_qdq(quant_report), "quantized operators in integers", quant_report),
+            guard(tabulate_qdq_chains(quant_report), "quantized activations as tables", quant_report),
             *layout,
             guard(reduce_precision(precision, precision_report), f"precision {precision}", precision_report),
             guard(relax.transform.DecomposeOpsForInference(), "inference decompositions"),
@@ -126,9 +128,20 @@ def is_cpu_target(target: Target) -> bool:
 
 
 def lower_graph(prepared: tvm.IRModule, target: Target, weight_prepack: bool) -> tvm.IRModule:
-    """Legalize to TIR and fuse (TVM's ``zero`` pipeline), optionally marking weights layout-free."""
+    """Legalize to TIR and fuse (TVM's ``zero`` pipeline, the lookup tables of quantized activations fused
+    as elementwise operators), optionally marking weights layout-free."""
+    zero = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            lookups_as_elementwise(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )
     with target:
-        lowered = relax.get_pipeline("zero")(prepared)
+        lowered = zero(prepared)
         if weight_prepack:
             lowered = keep_packed_layouts(relax.transform.AttachAttrLayoutFreeBuffers()(lowered))
     return lowered
