@@ -1,6 +1,6 @@
 """Attention's matmuls of two computed operands (``Q @ K^T``, ``P @ V``) under the bf16 policy: the second
-operand packed as the model runs, the matmul on AMX tiles (or on ``vdpbf16ps`` when asked). The same
-packing kernel and matmul serve both: what they compute is checked on the plain build and on the
+operand packed as the model runs (a reshape and a transpose, fused with the layout operators before it),
+the matmul on AMX tiles (or on ``vdpbf16ps`` when asked). The same packing and matmul serve both: what they compute is checked on the plain build and on the
 ``vdpbf16ps`` candidates where the CPU has AVX512-BF16; the AMX code is built, and run only on AMX."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from schedules.amx import has_amx_bf16
 from schedules.vnni import PACKED_BLOCKS, has_avx512_bf16
 from tests.schedule_candidates import sampled_candidates
 from tuner.compile import LoadedModel, build_untuned
-from tuner.passes.bf16_packing import NO_INLINE, Bf16AmxReport, pack_for_amx_bf16
+from tuner.passes.bf16_packing import Bf16AmxReport, pack_for_amx_bf16
 from tuner.passes.int8_packing import pack_matmul_weight
 from tuner.targets import host_target, to_tvm_target
 
@@ -33,8 +33,10 @@ def _scores() -> tvm.IRModule:
     q = relax.Var("q", relax.TensorType((1, HEADS, SEQ, DIM), "bfloat16"))
     k = relax.Var("k", relax.TensorType((1, HEADS, SEQ, DIM), "bfloat16"))
     with bb.function("main", [q, k]):
-        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
-        bb.emit_func_output(bb.emit(relax.op.matmul(q, kt, out_dtype="float32")))
+        with bb.dataflow():  # as imported models are: FuseOps fuses within dataflow blocks only
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            scores = bb.emit_output(relax.op.matmul(q, kt, out_dtype="float32"))
+        bb.emit_func_output(scores)
     return bb.get()
 
 
@@ -65,8 +67,12 @@ def test_a_matmul_of_computed_operands_is_packed_as_it_runs_and_computes_the_mat
     report = Bf16AmxReport(amx=False, dot=True, dot_activations=True)
     packed = pack_for_amx_bf16(report)(_scores())
     assert report.dot_packed == ["matmul 1x4x32x64 @ 1x4x64x32 (packed as it runs)"] and not report.unpacked
-    packing = [f for g, f in packed.functions.items() if g.name_hint == "bf16_pack"]
-    assert len(packing) == 1 and f'"{NO_INLINE[0]}": "{NO_INLINE[1]}"' in packing[0].script()
+    # The packing fuses with the transpose of K before it: one layout kernel, then the matmul.
+    lowered = relax.get_pipeline("zero")(packed)
+    kernels = [g.name_hint for g, f in lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(kernels) == 2, kernels
+    (layout,) = [name for name in kernels if "matmul" not in name]
+    assert layout == "fused_transpose_reshape_transpose1", kernels  # K^T, then the packing
     q, k, expected = _operands()
     (got,) = LoadedModel(build_untuned(packed, HOST)).run([q, k])
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)

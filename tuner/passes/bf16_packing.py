@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import relax, s_tir, tvm
+from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import BF16
 from kiln_tvm.x86_bf16 import DPBF16_LANES, DPBF16_PAIR
 from schedules.amx import fits_amx_tiles
@@ -155,8 +155,8 @@ class _Bf16Mutator(relax.PyExprMutator):
 
     def _activation_matmul(self, call: relax.Call) -> relax.Expr:
         """A matmul of two computed operands (attention's QK^T and PV) on AMX tiles where it is whole
-        blocks, else on ``vdpbf16ps``: its second operand packed as the model runs, batch by batch, by a
-        kernel of its own that the search does not inline."""
+        blocks, else on ``vdpbf16ps``: its second operand packed as the model runs, batch by batch
+        (:func:`packed_operand`)."""
         x, b = call.args[:2]
         x_shape, b_shape = ([int(d) for d in a.ty.shape] for a in (x, b))
         if len(x_shape) < 2 or len(b_shape) != len(x_shape) or x_shape[:-2] != b_shape[:-2]:
@@ -178,16 +178,7 @@ class _Bf16Mutator(relax.PyExprMutator):
             return self._declined(call, "; ".join(why))
         described = f"{describe_core(call)} (packed as it runs)"
         (self.report.packed if on_amx else self.report.dot_packed).append(described)
-        packed = self.builder_.call_te(
-            lambda data: packed_operand_kernel(data, DPBF16_LANES, DPBF16_PAIR),
-            b,
-            primfunc_name_hint="bf16_pack",
-        )
-        gvar = packed.args[0]
-        sch = s_tir.Schedule(tvm.IRModule({"main": self.builder_.get()[gvar]}))
-        sch.annotate(sch.get_sblock("bf16_pack"), NO_INLINE[0], NO_INLINE[1])
-        self.builder_.update_func(gvar, sch.mod["main"])
-        packed = self.builder_.emit(packed)
+        packed = packed_operand(self.builder_, b, DPBF16_LANES, DPBF16_PAIR)
 
         name = "amx_bf16_matmul" if on_amx else "dpbf16_matmul"
 
@@ -246,22 +237,15 @@ class _Bf16Mutator(relax.PyExprMutator):
         )
 
 
-#: The annotation MetaSchedule's inlining rule reads: a packing kernel inlined into its matmul would leave the
-#: matmul reading the operand unpacked, which no dot-product intrinsic matches.
-NO_INLINE = ("meta_schedule.inline_rule", "disable")
-
-
-def packed_operand_kernel(b: Any, lanes: int, pair: int) -> Any:
+def packed_operand(builder: relax.BlockBuilder, b: relax.Expr, lanes: int, pair: int) -> relax.Expr:
     """``B[..., K, N]`` -> ``Bp[..., N/lanes, K/pair, lanes, pair]``, batch by batch: the packing of
-    :func:`~tuner.passes.int8_packing.pack_matmul_weight` as a kernel, for an operand computed as the model
-    runs."""
-    *batch, depth, cols = b.shape
-
-    def body(*index: Any) -> Any:
-        *outer, block, pairs, lane, element = index
-        return b[(*outer, pairs * pair + element, block * lanes + lane)]
-
-    return te.compute((*batch, cols // lanes, depth // pair, lanes, pair), body, name="bf16_pack")
+    :func:`~tuner.passes.int8_packing.pack_matmul_weight` for an operand computed as the model runs, as a
+    reshape and a transpose, which FuseOps fuses with the layout operators that produce the operand
+    (attention's head split and transposes): the packing costs no kernel of its own."""
+    *batch, depth, cols = (int(d) for d in b.ty.shape)
+    blocked = builder.emit(relax.op.reshape(b, [*batch, depth // pair, pair, cols // lanes, lanes]))
+    n = len(batch)
+    return builder.emit(relax.op.permute_dims(blocked, [*range(n), n + 2, n, n + 3, n + 1]))
 
 
 def batched_matmul_kernel(x: Any, packed: Any, dtype: str, name: str) -> Any:
