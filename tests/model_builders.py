@@ -192,6 +192,32 @@ def build_small_cnn(
     return _model(graph)
 
 
+def build_bottleneck(seed: int = 2) -> onnx.ModelProto:
+    """ResNet's bottleneck on a [1, 64, 16, 16] input ``x``: a 1x1 convolution, ReLU, a 3x3 one (padding
+    1), ReLU, a strided 1x1 one to 32 channels -> ``y`` [1, 32, 8, 8]; channels that are whole AMX blocks."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((64, 64, 1, 1)) / 8).astype(np.float32), "w1"),
+        numpy_helper.from_array((rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32), "w2"),
+        numpy_helper.from_array((rng.standard_normal((32, 64, 1, 1)) / 8).astype(np.float32), "w3"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="pointwise"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="window", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3"], ["y"], name="projection", strides=[2, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bottleneck",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 8, 8])],
+        inits,
+    )
+    return _model(graph, 17)
+
+
 def build_relu6_cnn(seed: int = 0, image_size: int = 16) -> onnx.ModelProto:
     """MobileNet-style block on input ``x`` [1, 3, H, W]: Conv 3->16 3x3 + Clip(0, 6), depthwise Conv
     16 3x3 + Clip(0, 6), Conv 16->32 1x1 -> output ``y`` [1, 32, H, W].

@@ -20,7 +20,13 @@ from schedules.vnni import has_avx512_bf16
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, rounded_operands_output, run_artifact_in_fresh_process
 from tests.host_jobs import run_host_job
-from tests.model_builders import build_attention_scores, build_cancelling_matmuls, build_mlp, build_small_cnn
+from tests.model_builders import (
+    build_attention_scores,
+    build_bottleneck,
+    build_cancelling_matmuls,
+    build_mlp,
+    build_small_cnn,
+)
 from tuner.entities import JobStatus
 from tuner.isolation.sandbox import ModelSandbox
 from tuner.jobs.pipeline import JobResult
@@ -195,6 +201,32 @@ def test_a_bf16_cnn_job_on_an_avx512_bf16_cpu_computes_its_convolutions_on_vdpbf
     assert manifest["precision"]["avx512_bf16_convolutions"] == result.fusion.avx512_bf16_convolutions
     assert manifest["precision"]["bf16_unpacked"] == [unpacked]
     x = np.random.default_rng(9).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path)
+
+
+@pytest.mark.skipif(
+    not has_amx_bf16(to_tvm_target(host_target())),
+    reason="this CPU has no AMX-BF16 (tests/unit/test_amx_convolutions.py builds the convolutions' tile "
+    "kernels for one, and runs their layout on vdpbf16ps where it can)",
+)
+def test_a_bf16_cnn_job_on_an_amx_cpu_computes_its_convolutions_on_tiles(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    path = tmp_path / "bottleneck.onnx"
+    result = _tuned_reduced_job(sqlite_store, tmp_path, build_bottleneck(), path, trials=8)
+    assert result.fusion.amx_bf16_matmuls == [
+        "conv2d 1x16x16x64 * 64x1x1x64 as matmul 256x64 @ 64x64",
+        "conv2d 1x16x16x64 * 64x3x3x64 as implicit GEMM 352x576 @ 576x64",
+        "conv2d 1x16x16x64 * 32x1x1x64 as matmul 64x64 @ 64x32",
+    ]
+    assert result.fusion.precision_compute == "native"
+    on_tiles = [t for t in result.tasks if "amx_bf16_matmul" in t.name]
+    assert len(on_tiles) == 3, [t.name for t in result.tasks]
+    for task in on_tiles:
+        assert "llvm.x86.tdpbf16ps" in best_schedule(sqlite_store, result.job, task).tir, task.name
+    (out,) = result.job.accuracy.outputs  # type: ignore[union-attr]
+    assert out.relative_error is not None and 0 < out.relative_error <= RELATIVE_TOLERANCE["bf16"]
+    x = np.random.default_rng(10).standard_normal((1, 64, 16, 16)).astype(np.float32)
     _assert_artifact_within_reduced_tolerance(result, path, x, tmp_path)
 
 

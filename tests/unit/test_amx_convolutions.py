@@ -14,13 +14,13 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import BF16, request_amx_permission
 from schedules.amx import has_amx_bf16, has_amx_int8
 from schedules.vnni import PACKED_BLOCKS, has_avx512_bf16, has_vnni
 from tests.artifacts import onnxruntime_output
+from tests.model_builders import build_bottleneck
 from tests.schedule_candidates import sampled_candidates
 from tuner.compile import LoadedModel, build_untuned
 from tuner.entities import PlanningOptions
@@ -45,7 +45,8 @@ CONVOLUTIONS = [
     ((16, 16), 64, 32, 3, 1, 1),  # a padded window: bf16 implicit GEMM (int8 comes padded: not this one)
     ((9, 9), 64, 32, 3, 1, 0),  # an unpadded window, as QDQ lowering leaves int8 ones: implicit GEMM
     ((7, 7), 64, 64, 3, 1, 1),  # 81 flat rows of 49 pixels, computed as 96
-    ((8, 8), 64, 32, 3, 2, 1),  # strided window: not on tiles
+    ((8, 8), 64, 32, 3, 2, 1),  # strided window: bf16 space-to-depth, a 2x2 window over 256 channels
+    ((9, 9), 64, 32, 3, 2, 0),  # unpadded, odd: one zero row and column to whole strides
 ]
 #: What the passes make of them: bf16 (AMX) and int8 (AMX).
 BF16_ON_TILES = [
@@ -54,11 +55,14 @@ BF16_ON_TILES = [
     "conv2d 1x16x16x64 * 32x3x3x64 as implicit GEMM 352x576 @ 576x32",
     "conv2d 1x9x9x64 * 32x3x3x64 as implicit GEMM 96x576 @ 576x32",
     "conv2d 1x7x7x64 * 64x3x3x64 as implicit GEMM 96x576 @ 576x64",
+    "conv2d 1x8x8x64 * 32x3x3x64 as implicit GEMM 32x1024 @ 1024x32 (space-to-depth 2)",
+    "conv2d 1x9x9x64 * 32x3x3x64 as implicit GEMM 32x1024 @ 1024x32 (space-to-depth 2)",
 ]
 INT8_ON_TILES = {
     "conv2d 1x16x16x64 * 64x1x1x64 as matmul 256x64 @ 64x64": (256, 64, 64),
     "conv2d 1x16x16x64 * 32x1x1x64 as matmul 64x64 @ 64x32": (64, 32, 64),
     "conv2d 1x9x9x64 * 32x3x3x64 as implicit GEMM 96x576 @ 576x32": (96, 32, 576),
+    "conv2d 1x9x9x64 * 32x3x3x64 as implicit GEMM 32x1024 @ 1024x32 (space-to-depth 2)": (32, 32, 1024),
 }
 
 
@@ -120,8 +124,8 @@ def test_convolutions_of_whole_blocks_go_on_amx_as_matmuls_or_implicit_gemms() -
     report = Bf16AmxReport(amx=True, dot=True)
     pack_for_amx_bf16(report)(mod)
     assert report.packed == BF16_ON_TILES
-    # The 49-pixel pointwise one and the strided window stay convolutions, on vdpbf16ps.
-    assert report.dot_convolutions == ["conv2d 1x7x7x64 * 64x1x1x64", "conv2d 1x8x8x64 * 32x3x3x64"]
+    # The 49-pixel pointwise one stays a convolution, on vdpbf16ps.
+    assert report.dot_convolutions == ["conv2d 1x7x7x64 * 64x1x1x64"]
 
 
 def test_the_rewritten_convolutions_compute_the_convolutions_on_their_bf16_operands() -> None:
@@ -170,38 +174,11 @@ def test_amx_candidates_of_a_pointwise_convolution_compute_it() -> None:
         )
 
 
-def _bottleneck_onnx(path: Path) -> Path:
-    """An NCHW float model: a 1x1 convolution, ReLU, a 3x3 one, ReLU, a strided 1x1 one (ResNet's
-    bottleneck)."""
-    rng = np.random.default_rng(2)
-    inits = [
-        numpy_helper.from_array((rng.standard_normal((64, 64, 1, 1)) / 8).astype(np.float32), "w1"),
-        numpy_helper.from_array((rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32), "w2"),
-        numpy_helper.from_array((rng.standard_normal((32, 64, 1, 1)) / 8).astype(np.float32), "w3"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "w1"], ["c1"], name="pointwise"),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="window", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("Conv", ["r2", "w3"], ["y"], name="projection", strides=[2, 2]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "bottleneck",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 8, 8])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save(model, path)
-    return path
-
-
 def test_a_bf16_plan_for_an_amx_cpu_puts_a_models_convolutions_on_tiles(tmp_path: Path) -> None:
     """Planned for an AMX CPU (run on one by the bf16 job tests): the three convolutions on AMX-BF16 tiles;
     the rewritten graph, built plainly here, computes the model within bf16's rounding."""
-    path = _bottleneck_onnx(tmp_path / "bottleneck.onnx")
+    path = tmp_path / "bottleneck.onnx"
+    onnx.save(build_bottleneck(), path)
     plan = plan_graph(load_model(path).mod, AMX_TARGET, PlanningOptions(precision="bf16"))
     fusion = plan.fusion
     # The rewritten graph (packing, padding, flat rows, slices) built plainly for this CPU.
@@ -231,6 +208,7 @@ def test_int8_pointwise_convolutions_of_whole_blocks_go_on_the_matmul_amx_tiles(
         on_tiles[2],
         "conv2d 1x7x7x64 * 64x3x3x64",
         "conv2d 1x8x8x64 * 32x3x3x64",
+        on_tiles[3],
     ]
     # Integer sums are exact: the rewritten kernels, built plainly, equal the convolutions.
     got = LoadedModel(build_untuned(packed, HOST)).run(inputs)

@@ -201,14 +201,16 @@ class _Bf16Mutator(relax.PyExprMutator):
         )
 
     def _windowed_conv2d_on_amx(self, call: relax.Call) -> relax.Expr | None:
-        """A windowed stride-1 NHWC convolution as an AMX implicit GEMM over its flattened padded input
+        """A windowed NHWC convolution as an AMX implicit GEMM over its flattened padded input
         (:mod:`tuner.passes.windowed_gemm`), when its channels are whole AMX blocks; None otherwise."""
         weight = _constant(call.args[1])
         windowed = windowed_as_gemm(call, weight, BF16) if weight is not None else None
         if windowed is None:
             return None
         self.report.packed.append(windowed.describe(call))
-        packed = relax.const(pack_windowed_weight(weight, DPBF16_LANES, BF16.pair), "bfloat16")
+        packed = relax.const(
+            pack_windowed_weight(windowed.weight(weight), DPBF16_LANES, BF16.pair), "bfloat16"
+        )
         return emit_windowed_gemm(
             self.builder_, call, windowed, packed, dtype="float32", name="amx_bf16_matmul", mark=BF16_BLOCK
         )

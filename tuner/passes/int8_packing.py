@@ -297,7 +297,9 @@ class _VnniMutator(relax.PyExprMutator):
             kh, kw = windowed.window
             depth = kh * kw * windowed.channels
             self.report.matmul_extents[described] = (windowed.rows, windowed.cols, depth)
-            packed = relax.const(pack_windowed_weight(weight, self.lanes, VNNI_DEPTH), "int8")
+            packed = relax.const(
+                pack_windowed_weight(windowed.weight(weight), self.lanes, VNNI_DEPTH), "int8"
+            )
             return emit_windowed_gemm(
                 self.builder_, call, windowed, packed, dtype="int32", name="vnni_matmul", mark=VNNI_BLOCK
             )

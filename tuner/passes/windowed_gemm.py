@@ -1,4 +1,4 @@
-"""Windowed (KxK, stride 1) NHWC convolutions as implicit GEMMs whose rows AMX tiles can load.
+"""Windowed (KxK) NHWC convolutions as implicit GEMMs whose rows AMX tiles can load.
 
 An AMX tile multiply takes 16 rows of input: for a convolution, 16 output pixels, each row the channels of
 the input pixel under one tap of the window. Tiles load rows at any fixed stride, so 16 pixels are one
@@ -12,6 +12,11 @@ ow)`` is then computed at flat row ``p' = (n * Hp + oh) * Wp + ow``, and its tap
 ``Hp * Wp`` rows per image where the convolution has ``Ho * Wo``; the extra ones (the last ``KW - 1``
 columns and ``KH - 1`` rows of each image, computed from the padding and the next image) are sliced away
 after the kernel. ResNet's 56x56 layers compute 3 % more rows than they keep, its 7x7 ones 2x.
+
+A strided convolution is first made a stride-1 one: its padded input, rearranged space-to-depth
+(``[N, H/s, W/s, s*s*C]``, the channels of each ``s x s`` patch side by side), convolved with a window of
+``ceil(K/s)`` taps whose weights are the original taps at those offsets (zeros past the window). A 3x3
+stride-2 convolution is then a 2x2 one over 4C channels: 16/9 of the products, on tiles.
 
 The weight is packed ``[KH, KW, O/16, C/P, 16, P]`` (:func:`pack_windowed_weight`): at each tap, the weight
 tiles of AMX's int8 (``P`` 4) or bf16 (``P`` 2) multiply, the tap outermost so that one tap's tiles are the
@@ -39,16 +44,20 @@ _ROW_BLOCK = 2 * TILE_ROWS
 
 @dataclass(frozen=True)
 class WindowedGemm:
-    """A ``kh`` x ``kw`` stride-1 NHWC convolution as a GEMM over the flattened padded input (see the
-    module's docstring): ``rows`` flat output rows computed (a multiple of 32), ``kept`` of them the
-    convolution's pixels and the padding columns between them, ``input_rows`` flat input rows read."""
+    """A windowed NHWC convolution as a GEMM over the flattened padded input (see the module's docstring):
+    of the input padded by ``padding`` (the convolution's, then zeros to whole strides), then, for a
+    ``stride`` above 1, rearranged space-to-depth, ``padded`` the grid of flat rows per image,
+    ``channels`` and ``window`` those of the stride-1 convolution computed; ``rows`` flat output rows
+    computed (a multiple of 32), ``kept`` of them the image rows, ``input_rows`` flat input rows read."""
 
     batch: int
-    padded: tuple[int, int]  # Hp, Wp
-    channels: int
+    padded: tuple[int, int]  # the flat grid: Hp, Wp (after space-to-depth)
+    channels: int  # stride * stride * C
     cols: int
-    window: tuple[int, int]  # kh, kw
-    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    window: tuple[int, int]  # ceil(kh / stride), ceil(kw / stride)
+    padding: tuple[int, int, int, int]  # top, left, bottom, right: the convolution's
+    extra: tuple[int, int]  # zero rows and columns after it, to whole strides
+    stride: int
     out_shape: tuple[int, int, int, int]  # N, Ho, Wo, O
 
     @property
@@ -67,32 +76,52 @@ class WindowedGemm:
     def describe(self, call: relax.Call) -> str:
         kh, kw = self.window
         depth = kh * kw * self.channels
-        return f"{describe_core(call)} as implicit GEMM {self.rows}x{depth} @ {depth}x{self.cols}"
+        rearranged = f" (space-to-depth {self.stride})" if self.stride > 1 else ""
+        return f"{describe_core(call)} as implicit GEMM {self.rows}x{depth} @ {depth}x{self.cols}{rearranged}"
+
+    def weight(self, weight: np.ndarray) -> np.ndarray:
+        """The OHWI ``weight`` of the stride-1 convolution computed: for a stride ``s``, tap ``(i, j)`` of
+        channel ``(a, b, c)`` is the original's tap ``(s*i + a, s*j + b)`` of channel ``c`` (zero past the
+        window)."""
+        s = self.stride
+        if s == 1:
+            return weight
+        o, kh, kw, c = weight.shape
+        wh, ww = self.window
+        full = np.zeros((o, wh * s, ww * s, c), weight.dtype)
+        full[:, :kh, :kw, :] = weight
+        blocked = full.reshape(o, wh, s, ww, s, c).transpose(0, 1, 3, 2, 4, 5)
+        return np.ascontiguousarray(blocked.reshape(o, wh, ww, s * s * c))
 
 
 def windowed_as_gemm(call: relax.Call, weight: Any, kind: AmxKind) -> WindowedGemm | None:
     """The implicit GEMM of an NHWC conv2d ``call`` of OHWI ``weight`` when it is windowed (larger than
-    1x1), stride 1, undilated, ungrouped, and its channels whole AMX blocks of ``kind`` (output channels a
-    multiple of 32, input channels of one tile row: 64 int8, 32 bf16); else None."""
+    1x1), of one stride both ways, undilated, ungrouped, and its channels (after space-to-depth) whole AMX
+    blocks of ``kind`` (output channels a multiple of 32, input channels of one tile row: 64 int8, 32
+    bf16); else None."""
     attrs = call.attrs
     out_channels, kh, kw, channels = (int(d) for d in weight.shape)
     if conv2d_layout_misfit(call) or (kh, kw) == (1, 1):
         return None
-    if any(int(s) != 1 for s in attrs.strides) or any(int(d) != 1 for d in attrs.dilation):
+    sh, sw = (int(s) for s in attrs.strides)
+    if sh != sw or any(int(d) != 1 for d in attrs.dilation):
         return None
-    if not fits_amx_tiles(kind, _ROW_BLOCK, out_channels, channels):
+    if not fits_amx_tiles(kind, _ROW_BLOCK, out_channels, sh * sh * channels):
         return None
     top, left, bottom, right = (int(p) for p in attrs.padding)
     batch, height, width, _ = (int(d) for d in call.args[0].ty.shape)
     hp, wp = height + top + bottom, width + left + right
+    hs, ws = -(-hp // sh), -(-wp // sh)
     return WindowedGemm(
         batch=batch,
-        padded=(hp, wp),
-        channels=channels,
+        padded=(hs, ws),
+        channels=sh * sh * channels,
         cols=out_channels,
-        window=(kh, kw),
+        window=(-(-kh // sh), -(-kw // sh)),
         padding=(top, left, bottom, right),
-        out_shape=(batch, hp - kh + 1, wp - kw + 1, out_channels),
+        extra=(hs * sh - hp, ws * sh - wp),
+        stride=sh,
+        out_shape=(batch, (hp - kh) // sh + 1, (wp - kw) // sh + 1, out_channels),
     )
 
 
@@ -103,7 +132,7 @@ def pack_windowed_weight(weight: np.ndarray, lanes: int, pair: int) -> np.ndarra
     return np.ascontiguousarray(blocked.transpose(2, 3, 0, 4, 1, 5))
 
 
-def windowed_gemm_kernel(x: Any, packed: Any, row_pitch: int, rows: int, dtype: str, name: str) -> Any:
+def windowed_gemm_kernel(x: Any, packed: Any, *, row_pitch: int, rows: int, dtype: str, name: str) -> Any:
     """``out[p, o] = sum dtype(x[p + i * row_pitch + j, c]) * dtype(Wp[i, j, o // L, c // P, o % L, c % P])``
     over the taps (``i``, ``j``) and channels ``c`` of the flat input ``x``, for ``rows`` rows ``p``."""
     kh, kw, blocks = (int(d) for d in packed.shape[:3])
@@ -131,18 +160,26 @@ def emit_windowed_gemm(
     mark: str,
 ) -> relax.Expr:
     """Emit the conv2d ``call`` as :func:`windowed_gemm_kernel` over the ``packed`` weight (block ``name``
-    marked ``mark``): the input padded with zeros as the convolution pads it and flattened, the flat output
-    sliced back to the convolution's."""
+    marked ``mark``; packed from :meth:`WindowedGemm.weight`): the input padded with zeros as the
+    convolution pads it and to whole strides, rearranged space-to-depth for a stride above 1, flattened;
+    the flat output sliced back to the convolution's."""
     top, left, bottom, right = gemm.padding
+    below, beside = gemm.extra
     x = call.args[0]
-    if any(gemm.padding):
-        x = builder.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0], "constant", 0.0))
+    widths = [0, 0, top, bottom + below, left, right + beside, 0, 0]
+    if any(widths):
+        x = builder.emit(relax.op.nn.pad(x, widths, "constant", 0.0))
+    if gemm.stride > 1:  # [N, Hs*s, Ws*s, C] -> [N, Hs, Ws, s*s*C], channels (row offset, column offset, c)
+        s, (hs, ws) = gemm.stride, gemm.padded
+        split = builder.emit(relax.op.reshape(x, [gemm.batch, hs, s, ws, s, gemm.channels // (s * s)]))
+        moved = builder.emit(relax.op.permute_dims(split, [0, 1, 3, 2, 4, 5]))
+        x = builder.emit(relax.op.reshape(moved, [gemm.batch, hs, ws, gemm.channels]))
     flat = builder.emit(relax.op.reshape(x, [gemm.kept, gemm.channels]))
     # Rows past the last image feed only rows that are sliced away; zeros keep them finite.
     flat = builder.emit(relax.op.nn.pad(flat, [0, gemm.input_rows - gemm.kept, 0, 0], "constant", 0.0))
 
     def kernel(data: Any, w: Any) -> Any:
-        return windowed_gemm_kernel(data, w, gemm.padded[1], gemm.rows, dtype, name)
+        return windowed_gemm_kernel(data, w, row_pitch=gemm.padded[1], rows=gemm.rows, dtype=dtype, name=name)
 
     out = emit_marked_kernel(builder, kernel, [flat, packed], name, mark)
     if gemm.rows != gemm.kept:

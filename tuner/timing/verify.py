@@ -219,10 +219,12 @@ def reduced_precision_report(
     seed: int,
     policy: str,
     float_model: FloatReference | None = None,
+    inputs: int = ACCURACY_INPUTS,
 ) -> AccuracyReport:
     """The accuracy report of a reduced-precision build against the float32 model (onnxruntime's run of an
     ONNX model, else the build ``float_exe()`` returns, only then built), under ``policy``'s tolerance,
-    without judging it (:func:`~tuner.timing.accuracy.require_accuracy` does)."""
+    over ``inputs`` seeded inputs, without judging it (:func:`~tuner.timing.accuracy.require_accuracy`
+    does)."""
     runner = _onnxruntime_runner(imported)
     name = "onnxruntime (float32)" if runner is not None else f"{UNTUNED} (float32)"
     if runner is None:
@@ -236,6 +238,7 @@ def reduced_precision_report(
         steps=[None] * len(imported.signature.outputs),
         tolerance=RELATIVE_TOLERANCE[policy],
         float_model=float_model,
+        inputs=inputs,
     )
 
 
@@ -249,10 +252,11 @@ def _accuracy_over_inputs(
     steps: list[float | None],
     tolerance: float | None,
     float_model: FloatReference | None = None,
+    inputs: int = ACCURACY_INPUTS,
 ) -> AccuracyReport:
     model = LoadedModel(tuned_exe)
     actual, expected, floats = [], [], []
-    for index in range(ACCURACY_INPUTS):
+    for index in range(inputs):
         inputs = random_inputs(imported.signature, seed + index)
         actual.append(model.run(inputs))
         expected.append(reference(inputs))
