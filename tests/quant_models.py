@@ -297,3 +297,28 @@ def plan_and_compare(
     assert worst <= 1.001, f"{worst:.2f} steps from ONNX's reference"
     assert differ <= 0.01 * total, f"{differ} of {total} outputs differ from ONNX's reference by a step"
     return plan
+
+
+def quantized_by_onnxruntime(
+    model: onnx.ModelProto, shape: tuple[int, ...], workdir: Path, name: str
+) -> tuple[Path, Path]:
+    """``model`` (one input ``x`` of ``shape``) saved as ``name``.onnx, and its QDQ twin ``name``_int8.onnx
+    from onnxruntime's ``quantize_static`` (per-channel weights, 8 seeded calibration inputs): the way users
+    quantize."""
+    from onnxruntime import quantization
+
+    fp32, int8 = workdir / f"{name}.onnx", workdir / f"{name}_int8.onnx"
+    onnx.save(model, fp32)
+    rng = np.random.default_rng(0)
+
+    class Calibration(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    quantization.quantize_static(
+        str(fp32), str(int8), Calibration(), quant_format=quantization.QuantFormat.QDQ, per_channel=True
+    )
+    return fp32, int8

@@ -17,8 +17,14 @@ from schedules.vnni import vnni_lanes
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, read_records_in_fresh_process, run_artifact_in_fresh_process
 from tests.host_jobs import run_host_job
-from tests.model_builders import build_mlp
-from tests.quant_models import QuantSpec, build_qdq_net, output_step
+from tests.model_builders import build_bottleneck, build_mlp
+from tests.quant_models import (
+    QuantSpec,
+    build_qdq_net,
+    output_step,
+    quantized_by_onnxruntime,
+    reference_output,
+)
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import InvalidSpec
 from tuner.jobs.pipeline import run_job
@@ -118,25 +124,7 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
 
 def _quantized_mlp(workdir: Path, batch: int) -> tuple[Path, Path]:
     """:func:`build_mlp` and its QDQ twin from onnxruntime's ``quantize_static`` (per-channel weights)."""
-    from onnxruntime import quantization
-
-    fp32, int8 = workdir / "mlp.onnx", workdir / "mlp_int8.onnx"
-    onnx.save(build_mlp(batch=batch), fp32)
-    rng = np.random.default_rng(0)
-
-    class Calibration(quantization.CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter(
-                [{"x": rng.standard_normal((batch, 256)).astype(np.float32)} for _ in range(8)]
-            )
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
-
-    quantization.quantize_static(
-        str(fp32), str(int8), Calibration(), quant_format=quantization.QuantFormat.QDQ, per_channel=True
-    )
-    return fp32, int8
+    return quantized_by_onnxruntime(build_mlp(batch=batch), (batch, 256), workdir, "mlp")
 
 
 @pytest.mark.skipif(
@@ -171,6 +159,28 @@ def test_an_int8_mlp_tunes_on_amx_tiles_and_plain_tvm_runs_its_artifact(
     assert read.returncode == 0, read.stderr
     records = json.loads(read.stdout)
     assert records["kiln_modules"] == [] and any("kiln_amx_u8s8s32_" in t for t in records["traces"])
+
+
+@pytest.mark.skipif(
+    not has_amx_int8(to_tvm_target(host_target())),
+    reason="this CPU has no AMX-INT8 (tests/unit/test_amx_convolutions.py plans this model for one, builds "
+    "the tile kernels and runs their layout on vpdpbusd where it can)",
+)
+def test_a_quantized_cnn_tunes_its_convolutions_on_amx_tiles(sqlite_store: Store, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    _, int8 = quantized_by_onnxruntime(build_bottleneck(), (1, 64, 16, 16), tmp_path, "bottleneck")
+    result = run_host_job(sqlite_store, settings, int8, trials=8)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    assert all(c.ok for c in result.comparisons), result.comparisons
+    assert result.fusion.integer_kernels == "amx" and len(result.fusion.amx_matmuls) == 3
+    on_tiles = [t for t in result.tasks if "vnni_matmul" in t.name]
+    assert len(on_tiles) == 3, [t.name for t in result.tasks]
+    for task in on_tiles:
+        tuned = best_schedule(sqlite_store, result.job, task).tir
+        assert "llvm.x86.tdpbusd" in tuned, task.name
+    x = np.random.default_rng(11).standard_normal((1, 64, 16, 16)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    assert np.abs(got - reference_output(int8, x)).max() <= 1.001 * output_step(onnx.load(int8))
 
 
 def test_a_model_quantized_by_onnxruntime_reports_top1_agreement_with_its_float_model(

@@ -21,6 +21,7 @@ from schedules.amx import has_amx_bf16, has_amx_int8
 from schedules.vnni import PACKED_BLOCKS, has_avx512_bf16, has_vnni
 from tests.artifacts import onnxruntime_output
 from tests.model_builders import build_bottleneck
+from tests.quant_models import output_step, quantized_by_onnxruntime, reference_output
 from tests.schedule_candidates import sampled_candidates
 from tuner.compile import LoadedModel, build_untuned
 from tuner.entities import PlanningOptions
@@ -304,3 +305,21 @@ def test_tensorized_candidates_of_an_implicit_gemm_compute_the_convolution(dtype
             np.testing.assert_array_equal(got, expected.astype(np.int64), err_msg=f"candidate {attempt}")
         else:
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4, err_msg=f"candidate {attempt}")
+
+
+def test_an_int8_plan_for_an_amx_cpu_puts_a_quantized_models_convolutions_on_tiles(tmp_path: Path) -> None:
+    """A model as users quantize it, planned for an AMX CPU: its three convolutions on AMX-INT8 tiles, the
+    3x3 one over its input padded with the zero point by the QDQ lowering; the rewritten graph, built
+    plainly here, within one step of ONNX's reference semantics."""
+    _, path = quantized_by_onnxruntime(build_bottleneck(), (1, 64, 16, 16), tmp_path, "bottleneck")
+    plan = plan_graph(load_model(path).mod, AMX_TARGET)
+    assert plan.fusion.integer_kernels == "amx"
+    assert plan.fusion.amx_matmuls == [
+        "conv2d 1x16x16x64 * 64x1x1x64 as matmul 256x64 @ 64x64",
+        "conv2d 1x18x18x64 * 64x3x3x64 as implicit GEMM 352x576 @ 576x64",
+        "conv2d 1x16x16x64 * 32x1x1x64 as matmul 64x64 @ 64x32",
+    ]
+    x = np.random.default_rng(3).standard_normal((1, 64, 16, 16)).astype(np.float32)
+    (got,) = LoadedModel(build_untuned(plan.prepared, HOST)).run([x])
+    step = output_step(onnx.load(path))
+    assert np.abs(got - reference_output(path, x)).max() <= 1.001 * step
