@@ -86,6 +86,7 @@ class MeasureConfig:
     cost_model: str = "xgb"
     default_schedules: bool = True  # measure rule-based schedules (schedules.defaults) before the search
     runner: RunnerSpec = field(default_factory=RunnerSpec)
+    rpc_servers: int = 1  # an rpc runner's servers measuring at once (those free, up to this)
     space: str | None = None  # None: the target's default (schedules.spaces.default_space_name)
     space_options: SpaceOptions = field(default_factory=SpaceOptions)
 
@@ -150,7 +151,9 @@ def make_runner(config: MeasureConfig) -> Any:
                 f_run_evaluator=run_calibrated_evaluator if config.calibrate else None,
             )
         )
-    return make_rpc_runner(config.runner, _evaluator(config), calibrate=config.calibrate)
+    return make_rpc_runner(
+        config.runner, _evaluator(config), calibrate=config.calibrate, servers=config.rpc_servers
+    )
 
 
 #: The cost models a job may ask for.

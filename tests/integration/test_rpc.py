@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,6 +194,71 @@ def test_a_gather_is_measured_through_the_rpc_runner(tracker: RPCProcess, server
     # Random integer bits would index far outside the table: the server's process would crash.
     assert result.error_msg is None, result.error_msg
     assert len(result.run_secs) == 2
+
+
+def test_a_batch_fans_out_over_every_free_server_of_the_key(tracker: RPCProcess) -> None:
+    """Two servers under one key: a batch measures on both at once, one candidate per server, and hands
+    them back to the tracker when it is done."""
+    from kiln_tvm import ms
+
+    path, args = built_gather()
+    with (
+        start_server(tracker.address, "kiln-pair", "127.0.0.1", 0) as first,
+        start_server(tracker.address, "kiln-pair", "127.0.0.1", 0) as second,
+    ):
+        runner = make_rpc_runner(
+            RunnerSpec("rpc", tracker.address, "kiln-pair"),
+            ms.runner.EvaluatorConfig(number=1, repeat=2, min_repeat_ms=150),  # >= 0.3 s a candidate
+            servers=8,
+        )
+        # The tracker, asked while the batch runs, sees both servers busy at once.
+        idle: list[int] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                idle.extend(q.free for q in tracker_summary(tracker.address, 5.0) if q.key == "kiln-pair")
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            results = [f.result() for f in runner.run([ms.runner.RunnerInput(path, "cpu", args)] * 6)]
+        finally:
+            done.set()
+            watcher.join()
+        assert [r.error_msg for r in results] == [None] * 6
+        assert all(len(r.run_secs) == 2 for r in results)
+        assert 0 in idle, idle
+        # Three waves of two: each server measured three candidates.
+        assert runner.served == {first.address: 3, second.address: 3}
+        queue = _queue(tracker.address, "kiln-pair", free=2)
+        assert queue == DeviceQueue(key="kiln-pair", free=2, pending=0, total=2)
+
+
+def test_a_server_killed_mid_batch_loses_no_candidate(tracker: RPCProcess) -> None:
+    """One of two servers dies while it measures: its candidate is measured again on the other, and the
+    batch finishes with every candidate measured."""
+    from kiln_tvm import ms
+
+    path, args = built_gather()
+    with (
+        start_server(tracker.address, "kiln-dying", "127.0.0.1", 0) as survivor,
+        start_server(tracker.address, "kiln-dying", "127.0.0.1", 0) as dying,
+    ):
+        runner = make_rpc_runner(
+            RunnerSpec("rpc", tracker.address, "kiln-dying", session_timeout_s=30, queue_timeout_s=30),
+            ms.runner.EvaluatorConfig(number=1, repeat=3, min_repeat_ms=400),  # >= 1.2 s a candidate
+            servers=2,
+        )
+        killer = threading.Timer(0.8, dying.terminate)
+        killer.start()
+        try:
+            results = [f.result() for f in runner.run([ms.runner.RunnerInput(path, "cpu", args)] * 4)]
+        finally:
+            killer.join()
+        assert [r.error_msg for r in results] == [None] * 4
+        assert runner.served[survivor.address] >= 3 and sum(runner.served.values()) == 4
 
 
 def test_mlp_tunes_through_the_rpc_runner(

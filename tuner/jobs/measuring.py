@@ -51,6 +51,7 @@ def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
         default_schedules=settings.default_schedules,
         cost_model=spec.cost_model,
         runner=spec.runner,
+        rpc_servers=settings.rpc_servers_per_job,
         space=spec.space,
         space_options=space_options(settings, spec),
     )

@@ -1,13 +1,17 @@
-"""MetaSchedule's ``RPCRunner`` with every wait bounded, failing at once when the device goes away."""
+"""Measuring on the RPC servers of a key, as many at once as are free: every wait bounded, failing at once
+when the device goes away."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections import Counter
+from typing import Any, NamedTuple
 
 from kiln_tvm import PopenPoolExecutor, derived_object, ms
 from tuner.entities import RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.metaschedule.runner import DoneFuture, measure_filler, run_calibrated_evaluator
+from tuner.rpc.device_info import server_name
 from tuner.rpc.tracker import (
     DEFAULT_CHECK_TIMEOUT_S,
     DEFAULT_QUEUE_TIMEOUT_S,
@@ -19,29 +23,109 @@ from tuner.rpc.tracker import (
 
 @derived_object
 class GuardedRPCRunner(ms.runner.PyRunner):
-    """MetaSchedule's ``RPCRunner``, measuring one candidate at a time and failing when the device goes.
+    """Measures a batch of candidates on the RPC servers of a key, one candidate per server at a time, as
+    many servers at once as are free (up to ``servers``), failing when the device goes.
 
-    Before each batch, and after each failed candidate, it asks the tracker whether a server with the
-    key is still registered: a job whose device disappeared fails with ``DeviceUnavailable`` at once
-    instead of timing out candidate after candidate. Waiting for each measurement also keeps the
-    search's threads off the CPU while a server on this machine measures.
+    A batch runs in waves: before each, the tracker says how many servers of the key are idle, and the
+    wave takes that many candidates (at least one, at most ``servers``), each in a session of its own:
+    the tracker hands each session a different server, and a server measures one candidate at a time.
+    Every session ends with its candidate, so between waves the servers are back at the tracker, whose
+    queue serves other jobs' requests in turn. A candidate whose server disappeared mid-wave (the key
+    has fewer servers after the wave than before it) is measured again in the next wave; a job whose
+    device disappeared fails with ``DeviceUnavailable`` at once instead of timing out candidate after
+    candidate. ``served`` counts the candidates each server measured (``host:port``; ``?`` for a server
+    that is not Kiln's).
     """
 
-    def __init__(self, inner: Any, runner: RunnerSpec, check_timeout_s: float) -> None:
+    def __init__(
+        self,
+        pool: Any,
+        measurement: Measurement,
+        runner: RunnerSpec,
+        *,
+        servers: int,
+        check_timeout_s: float,
+    ) -> None:
         super().__init__()
-        self.inner = inner
+        self.pool = pool
+        self.measurement = measurement
         self.runner = runner
+        self.servers = servers
         self.check_timeout_s = check_timeout_s
+        self.served: Counter[str] = Counter()
 
     def run(self, runner_inputs: list[Any]) -> list[Any]:
-        check_runner(self.runner, self.check_timeout_s)
-        futures = []
-        for runner_input in runner_inputs:
-            result = self.inner.run([runner_input])[0].result()
-            if result.error_msg:
-                check_runner(self.runner, self.check_timeout_s)
-            futures.append(DoneFuture(result))
-        return futures
+        results: dict[int, Any] = {}
+        waiting = list(range(len(runner_inputs)))
+        retried: set[int] = set()
+        queue = check_runner(self.runner, self.check_timeout_s)
+        while waiting:
+            width = min(self.servers, max(1, queue.free if queue is not None else 1))
+            wave, waiting = waiting[:width], waiting[width:]
+            before = queue.total if queue is not None else 0
+            futures = {i: self._submit(runner_inputs[i]) for i in wave}
+            outcomes = {i: self._outcome(future) for i, future in futures.items()}
+            results.update(outcomes)
+            queue = check_runner(self.runner, self.check_timeout_s)
+            if queue is not None and queue.total < before:  # a server went: its candidate goes again
+                again = [i for i, r in outcomes.items() if r.error_msg and i not in retried]
+                retried.update(again)
+                waiting = again + waiting
+        return [DoneFuture(results[i]) for i in range(len(runner_inputs))]
+
+    def _submit(self, runner_input: Any) -> Any:
+        args_info = [info.as_json() for info in runner_input.args_info]
+        return self.pool.submit(
+            measure_on_server,
+            self.measurement,
+            runner_input.artifact_path,
+            runner_input.device_type,
+            args_info,
+        )
+
+    def _outcome(self, future: Any) -> Any:
+        try:
+            costs, server = future.result()
+        except TimeoutError:
+            return ms.runner.RunnerResult(None, error_msg="RPCRunner: Timeout")
+        except Exception as exc:  # noqa: BLE001 - any failure is this candidate's, reported as such
+            return ms.runner.RunnerResult(None, error_msg="RPCRunner: An exception occurred\n" + str(exc))
+        self.served[server] += 1
+        return ms.runner.RunnerResult(costs, None)
+
+
+class Measurement(NamedTuple):
+    """How a runner worker measures a candidate on a server (pickled to it)."""
+
+    rpc_config: Any
+    evaluator_config: Any
+    calibrate: bool
+    alloc_repeat: int = 1
+
+
+def measure_on_server(
+    measurement: Measurement, artifact_path: str, device_type: str, args_info: list[Any]
+) -> tuple[list[float], str]:
+    """One candidate on a server of the key, in a runner worker process: a session from the tracker, the
+    module uploaded, its arguments filled, its runs timed; its times, and the server's name."""
+    session, remote_path = None, None
+    try:
+        session = measurement.rpc_config.connect_server()
+        server = server_name(session)
+        device = session.device(device_type, 0)
+        _, remote_path = os.path.split(artifact_path)
+        rt_mod = ms.runner.rpc_runner.default_upload_module(session, artifact_path, remote_path)
+        repeated = alloc_remote_measure_arguments(session, device, args_info, measurement.alloc_repeat)
+        evaluate = (
+            run_remote_calibrated_evaluator
+            if measurement.calibrate
+            else ms.runner.rpc_runner.default_run_evaluator
+        )
+        return [
+            float(c) for c in evaluate(session, rt_mod, device, measurement.evaluator_config, repeated)
+        ], server
+    finally:
+        ms.runner.rpc_runner.default_cleanup(session, remote_path)
 
 
 def alloc_remote_measure_arguments(
@@ -64,12 +148,17 @@ def run_remote_calibrated_evaluator(
     return run_calibrated_evaluator(rt_mod, device, evaluator_config, repeated_args)
 
 
-def make_rpc_runner(runner: RunnerSpec, evaluator_config: Any, calibrate: bool = True) -> Any:
-    """A MetaSchedule runner measuring on the servers behind ``runner``'s tracker, with every wait
-    bounded by the runner's timeouts (or the defaults). Arguments are filled and candidates timed as on
-    this machine: integers zero, runs per repeat calibrated unless ``calibrate`` is off."""
+def make_rpc_runner(
+    runner: RunnerSpec, evaluator_config: Any, calibrate: bool = True, servers: int = 1
+) -> Any:
+    """A MetaSchedule runner measuring on the servers behind ``runner``'s tracker, up to ``servers`` of them
+    at once (:class:`GuardedRPCRunner`), with every wait bounded by the runner's timeouts (or the
+    defaults). Arguments are filled and candidates timed as on this machine: integers zero, runs per
+    repeat calibrated unless ``calibrate`` is off."""
     if runner.is_local:
         raise InvalidSpec("make_rpc_runner needs an rpc runner spec")
+    if servers < 1:
+        raise InvalidSpec(f"a job measures on at least one server at a time, not {servers}")
     host, port = parse_tracker(runner.tracker)
     session_timeout = runner.session_timeout_s or DEFAULT_SESSION_TIMEOUT_S
     queue_timeout = runner.queue_timeout_s or DEFAULT_QUEUE_TIMEOUT_S
@@ -80,16 +169,9 @@ def make_rpc_runner(runner: RunnerSpec, evaluator_config: Any, calibrate: bool =
         tracker_key=runner.key,
         session_timeout_sec=session_timeout,
     )
-    inner = ms.runner.RPCRunner(
-        rpc_config=config,
-        evaluator_config=evaluator_config,
-        max_workers=1,
-        f_alloc_argument=alloc_remote_measure_arguments,
-        f_run_evaluator=run_remote_calibrated_evaluator if calibrate else None,
-    )
-    # The stock pool has no timeout, and a request for a key whose servers are all gone or busy waits
-    # at the tracker forever: bound each candidate by the session plus a wait for a free server. A
-    # timed-out candidate becomes "RPCRunner: Timeout" and its worker process is replaced.
-    inner.pool.shutdown()
-    inner.pool = PopenPoolExecutor(max_workers=1, timeout=session_timeout + queue_timeout)
-    return GuardedRPCRunner(inner, runner, check_timeout)
+    # A request for a key whose servers are all gone or busy waits at the tracker forever: bound each
+    # candidate by the session plus a wait for a free server. A timed-out candidate becomes "RPCRunner:
+    # Timeout" and its worker process is replaced.
+    pool = PopenPoolExecutor(max_workers=servers, timeout=session_timeout + queue_timeout)
+    measurement = Measurement(config, evaluator_config, calibrate)
+    return GuardedRPCRunner(pool, measurement, runner, servers=servers, check_timeout_s=check_timeout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from kiln_tvm import tvm
 from schedules.poly.caches import CacheHierarchy, parse_cache_spec, read_sysfs_caches
@@ -17,15 +18,29 @@ log = logging.getLogger(__name__)
 
 #: The global function of Kiln's RPC servers that answers the device's cache sizes as a spec.
 CACHE_SIZES_FUNC = "kiln.device.cache_sizes"
+#: The global function of Kiln's RPC servers that answers the server's name (the ``host:port`` it serves).
+SERVER_NAME_FUNC = "kiln.device.server"
+#: The name of a server that does not say (a plain TVM one).
+UNNAMED_SERVER = "?"
 
 
 def _cache_sizes() -> str:
     return read_sysfs_caches().to_spec()
 
 
-def register_device_functions() -> None:
-    """Register the functions Kiln asks a device for: run in the RPC server's process at its start."""
+def register_device_functions(server: str = UNNAMED_SERVER) -> None:
+    """Register the functions Kiln asks a device for: run in the RPC server's process at its start;
+    ``server`` is the name it answers with."""
     tvm.register_global_func(CACHE_SIZES_FUNC, _cache_sizes, override=True)
+    tvm.register_global_func(SERVER_NAME_FUNC, lambda: server, override=True)
+
+
+def server_name(session: Any) -> str:
+    """The name of the server behind an RPC ``session`` (:data:`UNNAMED_SERVER` when it does not say)."""
+    try:
+        return str(session.get_function(SERVER_NAME_FUNC)())
+    except Exception:  # noqa: BLE001 - a server that is not Kiln's has no such function
+        return UNNAMED_SERVER
 
 
 def device_caches(runner: RunnerSpec, timeout_s: float) -> CacheHierarchy | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import socket
@@ -126,8 +127,9 @@ def start_server(
             tracker_addr=(tracker_host, tracker_port),
             key=key,
             silent=silent,
-            # Kiln's servers answer what a job asks of its device (its caches, for cpu-poly).
-            server_init_callback=register_device_functions,
+            # Kiln's servers answer what a job asks of its device (its caches, for cpu-poly) and their
+            # name (which server measured a candidate).
+            server_init_callback=functools.partial(register_device_functions, f"{host}:{p}"),
         ),
     )
     deadline = time.monotonic() + timeout_s

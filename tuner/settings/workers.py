@@ -26,6 +26,12 @@ class WorkerSettings(BaseModel):
         "(besides KILN_RPC_TRACKER); a job's tracker must be one of them",
     )
     rpc_timeout_s: float = Field(default=10.0, gt=0, description="Connect timeout to the RPC tracker")
+    rpc_servers_per_job: int = Field(
+        default=8,
+        ge=1,
+        description="How many RPC servers of its key one job measures on at once (those free, up to this; "
+        "one candidate per server)",
+    )
 
     def allowed_rpc_trackers(self) -> list[str]:
         """The trackers jobs submitted over the API may measure through: KILN_RPC_TRACKER first, then
