@@ -86,7 +86,7 @@ class MeasureConfig:
     cost_model: str = "xgb"
     default_schedules: bool = True  # measure rule-based schedules (schedules.defaults) before the search
     runner: RunnerSpec = field(default_factory=RunnerSpec)
-    rpc_servers: int = 1  # an rpc runner's servers measuring at once (those free, up to this)
+    rpc_servers: int = 1  # an rpc runner's servers measuring at once (the key's, up to this)
     space: str | None = None  # None: the target's default (schedules.spaces.default_space_name)
     space_options: SpaceOptions = field(default_factory=SpaceOptions)
 

@@ -26,11 +26,11 @@ class GuardedRPCRunner(ms.runner.PyRunner):
     """Measures a batch of candidates on the RPC servers of a key, one candidate per server at a time, as
     many servers at once as are free (up to ``servers``), failing when the device goes.
 
-    A batch runs in waves: before each, the tracker says how many servers of the key are idle, and the
-    wave takes that many candidates (at least one, at most ``servers``), each in a session of its own:
-    the tracker hands each session a different server, and a server measures one candidate at a time.
-    Every session ends with its candidate, so between waves the servers are back at the tracker, whose
-    queue serves other jobs' requests in turn. A candidate whose server disappeared mid-wave (the key
+    A batch runs in waves: before each, the tracker says how many servers the key has, and the wave takes
+    that many candidates (at least one, at most ``servers``), each in a session of its own: the tracker
+    hands each session a different server, and a server measures one candidate at a time. Every session
+    ends with its candidate, so between waves the servers are back at the tracker, whose queue serves
+    the requests of every job measuring on the key in the order they came. A candidate whose server disappeared mid-wave (the key
     has fewer servers after the wave than before it) is measured again in the next wave; a job whose
     device disappeared fails with ``DeviceUnavailable`` at once instead of timing out candidate after
     candidate. ``served`` counts the candidates each server measured (``host:port``; ``?`` for a server
@@ -60,7 +60,9 @@ class GuardedRPCRunner(ms.runner.PyRunner):
         retried: set[int] = set()
         queue = check_runner(self.runner, self.check_timeout_s)
         while waiting:
-            width = min(self.servers, max(1, queue.free if queue is not None else 1))
+            # The key's servers, busy or not: a server that just ended a session of this job's shows as
+            # busy for a moment, and one another job holds is waited for in the tracker's queue, in turn.
+            width = min(self.servers, max(1, queue.total if queue is not None else 1))
             wave, waiting = waiting[:width], waiting[width:]
             before = queue.total if queue is not None else 0
             futures = {i: self._submit(runner_inputs[i]) for i in wave}

@@ -45,6 +45,12 @@ class RPCProcess:
         """``host:port`` it listens on."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The child process's id (its sessions' processes are its children), or None once stopped."""
+        proc = getattr(getattr(self._handle, "proc", None), "_proc", None)
+        return int(proc.pid) if proc is not None else None
+
     def is_alive(self) -> bool:
         """Whether the child process still runs."""
         proc = getattr(self._handle, "proc", None)

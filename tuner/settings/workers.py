@@ -29,8 +29,8 @@ class WorkerSettings(BaseModel):
     rpc_servers_per_job: int = Field(
         default=8,
         ge=1,
-        description="How many RPC servers of its key one job measures on at once (those free, up to this; "
-        "one candidate per server)",
+        description="How many RPC servers of its key one job measures on at once (as many as the key has, "
+        "up to this; one candidate per server)",
     )
 
     def allowed_rpc_trackers(self) -> list[str]:
