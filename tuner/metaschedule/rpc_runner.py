@@ -23,17 +23,17 @@ from tuner.rpc.tracker import (
 
 @derived_object
 class GuardedRPCRunner(ms.runner.PyRunner):
-    """Measures a batch of candidates on the RPC servers of a key, one candidate per server at a time, as
-    many servers at once as are free (up to ``servers``), failing when the device goes.
+    """Measures a batch of candidates on the RPC servers of a key, one candidate per server at a time, on
+    as many servers at once as the key has (up to ``servers``), failing when the device goes.
 
     A batch runs in waves: before each, the tracker says how many servers the key has, and the wave takes
     that many candidates (at least one, at most ``servers``), each in a session of its own: the tracker
     hands each session a different server, and a server measures one candidate at a time. Every session
     ends with its candidate, so between waves the servers are back at the tracker, whose queue serves
-    the requests of every job measuring on the key in the order they came. A candidate whose server disappeared mid-wave (the key
-    has fewer servers after the wave than before it) is measured again in the next wave; a job whose
-    device disappeared fails with ``DeviceUnavailable`` at once instead of timing out candidate after
-    candidate. ``served`` counts the candidates each server measured (``host:port``; ``?`` for a server
+    the requests of every job measuring on the key in the order they came. A candidate whose server
+    disappeared mid-wave (the key has fewer servers after the wave than before it) is measured again in
+    the next wave; a job whose device disappeared fails with ``DeviceUnavailable`` at once instead of
+    timing out candidate after candidate. ``served`` counts the candidates each server measured (``host:port``; ``?`` for a server
     that is not Kiln's).
     """
 
