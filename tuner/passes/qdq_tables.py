@@ -69,10 +69,10 @@ def lookups_as_elementwise() -> tvm.transform.Pass:
         marked = [gvar for gvar, func in mod.functions.items() if func.attrs and LOOKUP_ATTR in func.attrs]
         if not marked:
             return mod
-        mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(dict(mod.functions))
+        functions = dict(mod.functions)
         for gvar in marked:
-            mod[gvar] = mod[gvar].with_attr("op_pattern", _ELEMENTWISE)
-        return mod
+            functions[gvar] = functions[gvar].with_attr("op_pattern", _ELEMENTWISE)
+        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
 
     return mark
 
