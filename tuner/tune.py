@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from tuner.entities import MachineLimits, RunnerSpec
 from tuner.errors import InvalidSpec
 from tuner.isolation.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
-from tuner.metaschedule.callback import BatchListener, ProgressCallback
+from tuner.metaschedule.callback import BatchListener, ProgressCallback, TrialBatch
 from tuner.metaschedule.cost_model import RankingCostModel, xgb_model
 from tuner.metaschedule.measured_seeds import measure_default_schedules, measure_schedules
 from tuner.metaschedule.rpc_runner import make_rpc_runner
@@ -226,6 +227,7 @@ def tune_tasks(
         cost_model=cost_model,
     )
     profiler = ms.Profiler()
+    on_batch = _counting_servers(tuning, on_batch)
     try:
         with profiler:
             default_ms, spent = _measure_before_search(
@@ -266,6 +268,7 @@ class _Tuning:
     runner: Any
     cost_model: Any
     seeded_space: bool
+    measured_on: dict[int, Counter[str]] = field(default_factory=dict)  # task index -> server -> candidates
 
 
 def _start(
@@ -428,9 +431,30 @@ def _search(
     )
 
 
+def _counting_servers(tuning: _Tuning, on_batch: BatchListener | None) -> BatchListener | None:
+    """``on_batch``, after noting which RPC servers measured each batch of each task (an RPC runner counts
+    what each server measured: :class:`~tuner.metaschedule.rpc_runner.GuardedRPCRunner`)."""
+    served = getattr(tuning.runner, "served", None)
+    if served is None:
+        return on_batch
+    counted: Counter[str] = Counter()
+
+    def counting(batch: TrialBatch) -> None:
+        new = served - counted
+        counted.update(new)
+        tuning.measured_on.setdefault(batch.task_index, Counter()).update(new)
+        if on_batch is not None:
+            on_batch(batch)
+
+    return counting
+
+
 def _report(tuning: _Tuning, profiler: Any) -> TuningReport:
     caches = tuning.config.space_options.caches
     report = TuningReport(_profile(profiler), _search_stats(tuning.seeded_space, tuning.stats, caches))
+    for index, servers in tuning.measured_on.items():
+        if servers:  # the RPC servers that measured each task's candidates, by name
+            report.search_stats.setdefault(index, {})["measured_on"] = dict(sorted(servers.items()))
     ranked = getattr(tuning.cost_model, "first_ranked", None)
     if ranked is not None:
         # How many measured samples had trained the cost model when it first ranked each task's candidates.

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -282,8 +283,34 @@ def test_mlp_tunes_through_the_rpc_runner(
     x = np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     np.testing.assert_allclose(got, onnxruntime_output(path, x), rtol=1e-4, atol=1e-5)
+    # Each task says which server measured its candidates.
+    measured_on = Counter[str]()
+    for task in store.list_tasks(result.job.id):
+        measured_on.update((task.search_stats or {}).get("measured_on", {}))
+    assert measured_on == {server.address: len(records)}
     # The server is free again for the next job.
     assert _queue(tracker.address, KEY, free=1) == DeviceQueue(key=KEY, free=1, pending=0, total=1)
+
+
+def test_a_job_on_two_servers_of_its_key_measures_on_both(
+    tracker: RPCProcess, store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(seed=6), str(path))
+    with (
+        start_server(tracker.address, "kiln-job-pair", "127.0.0.1", 0) as first,
+        start_server(tracker.address, "kiln-job-pair", "127.0.0.1", 0) as second,
+    ):
+        runner = RunnerSpec("rpc", tracker.address, "kiln-job-pair")
+        result = run_host_job(store, settings, path, trials=12, runner=runner)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    records = store.list_records(job_id=result.job.id)
+    assert records and all(r.error is None for r in records), [r.error for r in records]
+    measured_on = Counter[str]()
+    for task in store.list_tasks(result.job.id):
+        measured_on.update((task.search_stats or {}).get("measured_on", {}))
+    assert set(measured_on) == {first.address, second.address}, measured_on
+    assert sum(measured_on.values()) == len(records)
 
 
 def test_kilns_server_reports_its_caches_for_cpu_poly(
