@@ -272,11 +272,12 @@ class TaskOut(EntityOut):
     best_latency_us: float | None
     gflops: float | None
     share: float | None = Field(description="Fraction of the model's estimated time spent in this task")
-    search_stats: dict[str, int | str] | None = Field(
+    search_stats: dict[str, int | str | dict[str, int]] | None = Field(
         default=None,
-        description="What the space's hooks did (cpu-poly: candidates examined, rejected, passed through "
-        "despite the model, seeds measured, and the caches they held tiles against); null for spaces "
-        "without hooks",
+        description="What the search did: the space's hooks (cpu-poly: candidates examined, rejected, passed "
+        "through despite the model, seeds measured, and the caches they held tiles against), and for a job "
+        "measuring through an RPC tracker `measured_on`, the candidates each server (host:port) measured; "
+        "null when there is nothing to say",
     )
     schedule_source: Literal["tuned", "similar", "rule", "model", "sampled", "none"] | None = Field(
         default=None,

@@ -19,6 +19,7 @@ import onnx
 import pytest
 
 from schedules.poly.caches import read_sysfs_caches
+from service.schemas import TaskOut
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.gather_kernel import built_gather
 from tests.host_jobs import run_host_job
@@ -307,8 +308,9 @@ def test_a_job_on_two_servers_of_its_key_measures_on_both(
     records = store.list_records(job_id=result.job.id)
     assert records and all(r.error is None for r in records), [r.error for r in records]
     measured_on = Counter[str]()
-    for task in store.list_tasks(result.job.id):
-        measured_on.update((task.search_stats or {}).get("measured_on", {}))
+    # As GET /api/v1/jobs/{id}/tasks serves them.
+    for task in TaskOut.list_of(store.list_tasks(result.job.id)):
+        measured_on.update((task.search_stats or {}).get("measured_on", {}))  # type: ignore[arg-type]
     assert set(measured_on) == {first.address, second.address}, measured_on
     assert sum(measured_on.values()) == len(records)
 
