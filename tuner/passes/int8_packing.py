@@ -294,9 +294,7 @@ class _VnniMutator(relax.PyExprMutator):
         if windowed is not None and not any(windowed.padding):
             described = windowed.describe(call)
             self.report.packed.append(described)
-            kh, kw = windowed.window
-            depth = kh * kw * windowed.channels
-            self.report.matmul_extents[described] = (windowed.rows, windowed.cols, depth)
+            self.report.matmul_extents[described] = (windowed.rows, windowed.cols, windowed.depth)
             packed = relax.const(
                 pack_windowed_weight(windowed.weight(weight), self.lanes, VNNI_DEPTH), "int8"
             )

@@ -73,9 +73,14 @@ class WindowedGemm:
         kh, kw = self.window
         return self.rows + (kh - 1) * self.padded[1] + kw - 1
 
-    def describe(self, call: relax.Call) -> str:
+    @property
+    def depth(self) -> int:
+        """The GEMM's reduction: every tap's channels."""
         kh, kw = self.window
-        depth = kh * kw * self.channels
+        return kh * kw * self.channels
+
+    def describe(self, call: relax.Call) -> str:
+        depth = self.depth
         rearranged = f" (space-to-depth {self.stride})" if self.stride > 1 else ""
         return f"{describe_core(call)} as implicit GEMM {self.rows}x{depth} @ {depth}x{self.cols}{rearranged}"
 
