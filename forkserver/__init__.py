@@ -39,6 +39,9 @@ _HEADER = struct.Struct("!I")  # the length of the request's JSON (its environme
 _PID = struct.Struct("!q")
 #: The most descriptors one request may send (the child's, then the status pipe).
 _MAX_FDS = 8
+#: How long a running server may take to answer a request with the new process's pid (a fork takes
+#: milliseconds): a server that does not answer is replaced, instead of holding every caller forever.
+REPLY_TIMEOUT_S = 60.0
 
 
 class ForkServerUnavailable(OSError):
@@ -98,13 +101,21 @@ class ForkServer:
     """The parent's side: starts the server process, and asks it for new processes (thread-safe)."""
 
     def __init__(
-        self, module: str, env: dict[str, str], start_timeout_s: float, *, new_session: bool = True
+        self,
+        module: str,
+        env: dict[str, str],
+        start_timeout_s: float,
+        *,
+        new_session: bool = True,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
     ) -> None:
         """``new_session``: the server (and the processes it forks) in a session of its own; else in
-        this process's group, so that killing the group kills them too."""
+        this process's group, so that killing the group kills them too. ``reply_timeout_s``: how long
+        a request may wait for the server's answer before the server is replaced."""
         self._module = module
         self._env = env
         self._start_timeout_s = start_timeout_s
+        self._reply_timeout_s = reply_timeout_s
         self._new_session = new_session
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -124,14 +135,15 @@ class ForkServer:
                     socket.send_fds(sock, [_HEADER.pack(len(payload))], [*fds, status_w])
                     sock.sendall(payload)
                     reply = _recv_exactly(sock, _PID.size)
-                except OSError:
+                except OSError:  # including no answer within the reply timeout
                     reply = b""
                 finally:
                     os.close(status_w)
                 if len(reply) == _PID.size and _PID.unpack(reply)[0] > 0:
                     return ForkedProcess(_PID.unpack(reply)[0], status_r)
                 os.close(status_r)
-                self._stop()  # it died between requests (killed, out of memory): start another once
+                # It died between requests (killed, out of memory) or stopped answering: start another once.
+                self._stop()
                 if attempt:
                     raise ForkServerUnavailable(f"the {self._module} fork server stopped answering")
         raise AssertionError("unreachable")
@@ -178,7 +190,7 @@ class ForkServer:
             tail = self._stderr_tail()
             self._stop()
             raise ForkServerUnavailable(f"the {self._module} fork server could not be started: {tail[-400:]}")
-        ours.settimeout(None)
+        ours.settimeout(self._reply_timeout_s)
         return ours
 
     def _stderr_tail(self) -> str:

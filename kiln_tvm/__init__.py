@@ -121,6 +121,7 @@ __all__ = [
     "METASCHEDULE_LOGGER",
     "SCHEDULE_ERRORS",
     "PopenPoolExecutor",
+    "PopenWorker",
     "RPCServer",
     "RPCTracker",
     "StatusKind",
@@ -198,7 +199,7 @@ from tvm.s_tir.meta_schedule.builder.local_builder import (  # noqa: E402
 from tvm.s_tir.meta_schedule.builder.local_builder import (  # noqa: E402
     _worker_func as build_worker_func,
 )
-from tvm.support.popen_pool import PopenPoolExecutor, StatusKind  # noqa: E402
+from tvm.support.popen_pool import PopenPoolExecutor, PopenWorker, StatusKind  # noqa: E402
 
 from kiln_tvm import popen_workers  # noqa: E402
 

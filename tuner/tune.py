@@ -32,7 +32,7 @@ from tuner.metaschedule.builder import PooledBuilder
 from tuner.metaschedule.callback import BatchListener, ProgressCallback, TrialBatch
 from tuner.metaschedule.cost_model import RankingCostModel, xgb_model
 from tuner.metaschedule.measured_seeds import measure_default_schedules, measure_schedules
-from tuner.metaschedule.rpc_runner import make_rpc_runner
+from tuner.metaschedule.rpc_runner import GuardedRPCRunner, make_rpc_runner
 from tuner.metaschedule.runner import ExclusiveRunner, alloc_measure_arguments, run_calibrated_evaluator
 from tuner.metaschedule.scheduler import KilnTaskScheduler, StopCheck, TimeLeft
 
@@ -246,6 +246,8 @@ def tune_tasks(
                 )
     finally:
         tuning.builder.shutdown()
+        if isinstance(tuning.runner, GuardedRPCRunner):
+            tuning.runner.shutdown()
         # Where the tuning time went (search, build, run, cost model), for whoever wonders why it is slow.
         (work_dir / "profile.txt").write_text(str(profiler.table()))
     return _report(tuning, profiler)

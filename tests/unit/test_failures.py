@@ -93,3 +93,28 @@ def test_kiln_errors_keep_their_message_and_known_conditions_say_what_to_do() ->
 def test_a_long_message_is_cut() -> None:
     reason = describe_failure(ValueError("x" * 2000))
     assert len(reason) <= 300 and reason.endswith("…")
+
+
+def test_a_fork_server_that_stops_answering_is_replaced_then_given_up(tmp_path: Path) -> None:
+    # A server that starts, then never answers a request (as a wedged one would): the request waits no
+    # longer than the reply timeout, the server is started again once, then the caller hears why.
+    (tmp_path / "never_answers.py").write_text(
+        textwrap.dedent(
+            """
+            import socket, sys
+
+            if __name__ == "__main__":
+                sock = socket.socket(fileno=int(sys.argv[2]))
+                sock.sendall(b"R")
+                while sock.recv(4096):  # reads requests, answers none; ends when the parent closes
+                    pass
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[2]}"}
+    server = ForkServer("never_answers", env, start_timeout_s=60, reply_timeout_s=0.5)
+    try:
+        with pytest.raises(ForkServerUnavailable, match="never_answers fork server stopped answering"):
+            server.spawn([0, 1, 2])
+    finally:
+        server.close()

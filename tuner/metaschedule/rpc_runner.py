@@ -7,9 +7,10 @@ import os
 from collections import Counter
 from typing import Any, NamedTuple
 
-from kiln_tvm import PopenPoolExecutor, derived_object, ms
+from kiln_tvm import derived_object, ms
 from tuner.entities import RunnerSpec
 from tuner.errors import InvalidSpec
+from tuner.metaschedule.deadline_workers import DeadlineWorkers
 from tuner.metaschedule.runner import DoneFuture, measure_filler, run_calibrated_evaluator
 from tuner.rpc.device_info import server_name
 from tuner.rpc.tracker import (
@@ -24,33 +25,33 @@ from tuner.rpc.tracker import (
 @derived_object
 class GuardedRPCRunner(ms.runner.PyRunner):
     """Measures a batch of candidates on the RPC servers of a key, one candidate per server at a time, on
-    as many servers at once as the key has (up to ``servers``), failing when the device goes.
+    as many servers at once as the key has (up to one per worker), failing when the device goes.
 
     A batch runs in waves: before each, the tracker says how many servers the key has, and the wave takes
-    that many candidates (at least one, at most ``servers``), each in a session of its own: the tracker
+    that many candidates (at least one, at most one per worker), each in a session of its own: the tracker
     hands each session a different server, and a server measures one candidate at a time. Every session
     ends with its candidate, so between waves the servers are back at the tracker, whose queue serves
     the requests of every job measuring on the key in the order they came. A candidate whose server
     disappeared mid-wave (the key has fewer servers after the wave than before it) is measured again in
     the next wave; a job whose device disappeared fails with ``DeviceUnavailable`` at once instead of
-    timing out candidate after candidate. ``served`` counts the candidates each server measured (``host:port``; ``?`` for a server
-    that is not Kiln's).
+    timing out candidate after candidate. Each candidate is measured in a worker process whose call this
+    process ends by its deadline (:class:`~tuner.metaschedule.deadline_workers.DeadlineWorkers`), so no
+    stuck session holds the job. ``served`` counts the candidates each server measured (``host:port``;
+    ``?`` for a server that is not Kiln's).
     """
 
     def __init__(
         self,
-        pool: Any,
+        workers: DeadlineWorkers,
         measurement: Measurement,
         runner: RunnerSpec,
         *,
-        servers: int,
         check_timeout_s: float,
     ) -> None:
         super().__init__()
-        self.pool = pool
+        self.workers = workers
         self.measurement = measurement
         self.runner = runner
-        self.servers = servers
         self.check_timeout_s = check_timeout_s
         self.served: Counter[str] = Counter()
 
@@ -62,11 +63,11 @@ class GuardedRPCRunner(ms.runner.PyRunner):
         while waiting:
             # The key's servers, busy or not: a server that just ended a session of this job's shows as
             # busy for a moment, and one another job holds is waited for in the tracker's queue, in turn.
-            width = min(self.servers, max(1, queue.total if queue is not None else 1))
+            width = min(self.workers.count, max(1, queue.total if queue is not None else 1))
             wave, waiting = waiting[:width], waiting[width:]
             before = queue.total if queue is not None else 0
-            futures = {i: self._submit(runner_inputs[i]) for i in wave}
-            outcomes = {i: self._outcome(future) for i, future in futures.items()}
+            measured = self.workers.run(measure_on_server, [self._call(runner_inputs[i]) for i in wave])
+            outcomes = {i: self._result(outcome) for i, outcome in zip(wave, measured, strict=True)}
             results.update(outcomes)
             queue = check_runner(self.runner, self.check_timeout_s)
             if queue is not None and queue.total < before:  # a server went: its candidate goes again
@@ -75,23 +76,20 @@ class GuardedRPCRunner(ms.runner.PyRunner):
                 waiting = again + waiting
         return [DoneFuture(results[i]) for i in range(len(runner_inputs))]
 
-    def _submit(self, runner_input: Any) -> Any:
-        args_info = [info.as_json() for info in runner_input.args_info]
-        return self.pool.submit(
-            measure_on_server,
-            self.measurement,
-            runner_input.artifact_path,
-            runner_input.device_type,
-            args_info,
-        )
+    def shutdown(self) -> None:
+        """Stop the worker processes."""
+        self.workers.shutdown()
 
-    def _outcome(self, future: Any) -> Any:
-        try:
-            costs, server = future.result()
-        except TimeoutError:
+    def _call(self, runner_input: Any) -> tuple[Any, ...]:
+        args_info = [info.as_json() for info in runner_input.args_info]
+        return (self.measurement, runner_input.artifact_path, runner_input.device_type, args_info)
+
+    def _result(self, outcome: Any) -> Any:
+        if isinstance(outcome, TimeoutError):
             return ms.runner.RunnerResult(None, error_msg="RPCRunner: Timeout")
-        except Exception as exc:  # noqa: BLE001 - any failure is this candidate's, reported as such
-            return ms.runner.RunnerResult(None, error_msg="RPCRunner: An exception occurred\n" + str(exc))
+        if isinstance(outcome, BaseException):  # any failure is this candidate's, reported as such
+            return ms.runner.RunnerResult(None, error_msg="RPCRunner: An exception occurred\n" + str(outcome))
+        costs, server = outcome
         self.served[server] += 1
         return ms.runner.RunnerResult(costs, None)
 
@@ -174,6 +172,6 @@ def make_rpc_runner(
     # A request for a key whose servers are all gone or busy waits at the tracker forever: bound each
     # candidate by the session plus a wait for a free server. A timed-out candidate becomes "RPCRunner:
     # Timeout" and its worker process is replaced.
-    pool = PopenPoolExecutor(max_workers=servers, timeout=session_timeout + queue_timeout)
+    workers = DeadlineWorkers(servers, timeout_s=session_timeout + queue_timeout)
     measurement = Measurement(config, evaluator_config, calibrate)
-    return GuardedRPCRunner(pool, measurement, runner, servers=servers, check_timeout_s=check_timeout)
+    return GuardedRPCRunner(workers, measurement, runner, check_timeout_s=check_timeout)
