@@ -446,7 +446,7 @@ def _counting_servers(tuning: _Tuning, on_batch: BatchListener | None) -> BatchL
         counted.update(new)
         tuning.measured_on.setdefault(batch.task_index, Counter()).update(new)
         if on_batch is not None:
-            on_batch(batch)
+            on_batch(replace(batch, measured_on=dict(new)))
 
     return counting
 

@@ -36,7 +36,7 @@ from service.schemas.model import (
     TensorOut,
 )
 from service.schemas.profile import KernelProfileOut, MachineLimitsOut, OnnxruntimeNodeOut, ProfileOut
-from service.schemas.system import DeviceOut, DevicesOut, HealthOut
+from service.schemas.system import DeviceOut, DevicesOut, HealthOut, ServerUseOut
 from service.schemas.views import (
     BestOut,
     CurveOut,
@@ -90,6 +90,7 @@ __all__ = [
     "ProgressOut",
     "RPCRunner",
     "Runner",
+    "ServerUseOut",
     "TaskOut",
     "TaskPreviewOut",
     "TensorOut",

@@ -17,6 +17,11 @@ import onnx
 import pytest
 
 from tests.model_builders import PARAMETER_VALUES, build_mlp, parameterized_onnx
+from tests.store_rows import add_job
+from tuner.rpc.processes import start_server as start_server_process
+from tuner.rpc.processes import start_tracker
+from tuner.settings import Settings
+from tuner.store import Store
 
 pytestmark = pytest.mark.slow
 
@@ -335,6 +340,28 @@ def test_the_page_asks_for_a_token_and_says_when_it_is_wrong(
     page.click("#login-form button[type=submit]")
     page.get_by_text("No model yet").wait_for()
     assert not page.evaluate("document.querySelector('#login').open")
+
+
+def test_the_devices_page_shows_which_running_job_measures_on_which_server(
+    start_server: Callable[..., str], browser_page
+) -> None:
+    page = browser_page
+    with (
+        start_tracker("127.0.0.1", 0) as tracker,
+        start_server_process(tracker.address, "board", "127.0.0.1", 0),
+    ):
+        url = start_server(KILN_RPC_TRACKER=tracker.address, KILN_EMBEDDED_WORKERS="0")
+        store = Store.from_settings(Settings(data_dir=Path(start_server.data_dirs[url]), database_url=None))
+        job = add_job(store)
+        store.mark_job_running(job, "w1")
+        store.note_server_use(job, "board", {"10.0.0.7:9090": 3})
+        page.goto(url + "/#/devices")
+        page.locator("#server-use-table").wait_for()
+        row = page.locator("#devices-table tbody tr").first.inner_text().split()
+        assert row == ["board", "1", "1", "0", "1"]  # key, servers, free, pending, running jobs
+        cells = page.locator("#server-use-table tbody tr").first.inner_text().split("\t")
+        assert [c.strip() for c in cells[:4]] == ["board", "10.0.0.7:9090", job[:8], "3"]
+        assert cells[4].strip().endswith("s ago")
 
 
 def test_api_docs_render_offline(start_server: Callable[..., str], browser_page) -> None:

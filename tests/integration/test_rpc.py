@@ -24,6 +24,7 @@ from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.gather_kernel import built_gather
 from tests.host_jobs import run_host_job
 from tests.model_builders import build_mlp
+from tests.store_rows import TARGET, add_job, add_model, spec_for
 from tuner.entities import JobSpec, JobStatus, RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
 from tuner.jobs.measuring import job_caches
@@ -238,6 +239,48 @@ def test_a_batch_fans_out_over_every_free_server_of_the_key(tracker: RPCProcess)
         assert queue == DeviceQueue(key="kiln-pair", free=2, pending=0, total=2)
 
 
+def test_two_jobs_on_one_farm_take_turns_on_its_servers(tracker: RPCProcess) -> None:
+    """Two runners (two jobs) measuring on the same two servers at once: servers go back to the tracker
+    between waves and its queue serves requests in turn, so both progress together; neither waits for the
+    other's whole batch."""
+    from kiln_tvm import ms
+
+    path, args = built_gather()
+    with (
+        start_server(tracker.address, "kiln-farm", "127.0.0.1", 0) as first,
+        start_server(tracker.address, "kiln-farm", "127.0.0.1", 0) as second,
+    ):
+        runners = [
+            make_rpc_runner(
+                RunnerSpec("rpc", tracker.address, "kiln-farm"),
+                ms.runner.EvaluatorConfig(number=1, repeat=2, min_repeat_ms=150),  # >= 0.3 s a candidate
+                servers=8,
+            )
+            for _ in range(2)
+        ]
+        candidates = [ms.runner.RunnerInput(path, "cpu", args)] * 6
+        results: list[list] = [[], []]
+        progress: list[tuple[int, int]] = []
+
+        def measure(which: int) -> None:
+            results[which] = [f.result() for f in runners[which].run(candidates)]
+
+        jobs = [threading.Thread(target=measure, args=(i,)) for i in range(2)]
+        for job in jobs:
+            job.start()
+        while any(job.is_alive() for job in jobs):
+            progress.append(tuple(sum(r.served.values()) for r in runners))  # type: ignore[arg-type]
+            time.sleep(0.02)
+        for job in jobs:
+            job.join()
+    for measured in results:
+        assert [r.error_msg for r in measured] == [None] * 6
+    assert [sum(r.served.values()) for r in runners] == [6, 6]
+    # Each job measured on both servers, and at some moment both had measured some but not all.
+    assert all(set(r.served) == {first.address, second.address} for r in runners), [r.served for r in runners]
+    assert any(0 < a < 6 and 0 < b < 6 for a, b in progress), progress
+
+
 def test_a_server_killed_mid_batch_loses_no_candidate(tracker: RPCProcess) -> None:
     """One of two servers dies while it measures: its candidate is measured again on the other, and the
     batch finishes with every candidate measured."""
@@ -313,6 +356,10 @@ def test_a_job_on_two_servers_of_its_key_measures_on_both(
         measured_on.update((task.search_stats or {}).get("measured_on", {}))  # type: ignore[arg-type]
     assert set(measured_on) == {first.address, second.address}, measured_on
     assert sum(measured_on.values()) == len(records)
+    # Noted batch by batch while the job ran (what the devices page shows of a running job).
+    uses = store.server_uses(job_id=result.job.id)
+    assert {u.server: u.candidates for u in uses} == dict(measured_on)
+    assert {u.key for u in uses} == {"kiln-job-pair"}
 
 
 def test_kilns_server_reports_its_caches_for_cpu_poly(
@@ -466,7 +513,26 @@ def test_devices_route_shows_the_trackers_queue(
     with TestClient(create_app(settings)) as client:
         body = client.get("/api/v1/devices").json()
     assert body["tracker"] == tracker.address
-    assert {"key": KEY, "free": 1, "pending": 0, "total": 1} in body["devices"]
+    assert {"key": KEY, "free": 1, "pending": 0, "total": 1, "in_use": []} in body["devices"]
+
+    # Running jobs measuring on the key's servers show by server, the latest first; another user's job
+    # shows without its id; a finished job's servers are not in use.
+    store = Store.from_settings(settings)
+    mine, done = add_job(store, "a" * 64), add_job(store, "b" * 64)
+    theirs = store.create_job(spec_for(add_model(store, "c" * 64, owner="alice").id), TARGET, "alice").id
+    for job in (mine, theirs, done):
+        store.mark_job_running(job, "w1")
+    store.note_server_use(mine, KEY, {"10.0.0.1:9090": 2})
+    store.note_server_use(theirs, KEY, {"10.0.0.2:9090": 1})
+    store.note_server_use(done, KEY, {"10.0.0.1:9090": 5})
+    store.note_server_use(mine, "another-key", {"10.0.0.3:9090": 1})  # not registered at this tracker
+    store.finish_job(done, JobStatus.SUCCEEDED)
+    with TestClient(create_app(settings)) as client:
+        (device,) = [d for d in client.get("/api/v1/devices").json()["devices"] if d["key"] == KEY]
+    assert [(u["server"], u["job_id"], u["candidates"]) for u in device["in_use"]] == [
+        ("10.0.0.2:9090", None, 1),
+        ("10.0.0.1:9090", mine, 2),
+    ]
 
     dead = settings.model_copy(update={"rpc_tracker": f"127.0.0.1:{_closed_port()}"})
     with TestClient(create_app(dead)) as client:

@@ -282,3 +282,17 @@ class Artifact:
     sha256: str
     size_bytes: int
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class ServerUse:
+    """The candidates one job measured on one RPC server of a device key, and when it last did."""
+
+    key: str
+    server: str  # host:port, as Kiln's server names itself ("?" for a server that is not Kiln's)
+    job_id: str
+    owner: str
+    job_status: JobStatus
+    candidates: int
+    first_used_at: datetime
+    last_used_at: datetime

@@ -76,6 +76,7 @@ class JobRecorder:
         self.trials_done = 0
         self.clock: TuningClock | None = None
         self.current_stage: str | None = None
+        self._device_key: str | None = None
 
     def stage(self, name: str) -> None:
         """The job moved on to ``name`` (importing, tuning, compiling...)."""
@@ -173,6 +174,10 @@ class JobRecorder:
             task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best
         )
         self.tasks[batch.task_index] = task
+        if batch.measured_on:  # the RPC servers that measured it: the devices page's "in use by"
+            if self._device_key is None:
+                self._device_key = self.store.get_job(self.job_id).spec.runner.key or "?"
+            self.store.note_server_use(self.job_id, self._device_key, batch.measured_on)
         self.trials_done += len(batch.latencies_us)
         self.store.update_job_progress(self.job_id, self.trials_done, self.trials_total)
         if self.clock is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kiln_tvm import derived_object, ms
@@ -18,6 +18,7 @@ class TrialBatch:
     task_index: int
     latencies_us: list[float | None]  # None: the candidate failed to build or run
     errors: list[str | None]
+    measured_on: dict[str, int] = field(default_factory=dict)  # RPC server (host:port) -> candidates
 
 
 BatchListener = Callable[[TrialBatch], None]

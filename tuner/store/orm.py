@@ -269,6 +269,21 @@ class CostModelRow(Base):
     trained_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class ServerUseRow(Base):
+    """How many candidates of one job one RPC server of a device key measured, first and last when."""
+
+    __tablename__ = "server_uses"
+    __table_args__ = (sa.UniqueConstraint("job_id", "server"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    key: Mapped[str] = mapped_column(sa.String(255), index=True)
+    server: Mapped[str] = mapped_column(sa.String(512))
+    candidates: Mapped[int] = mapped_column(sa.Integer)
+    first_used_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class ApiTokenRow(Base):
     """A bearer token of the REST API; only its sha256 is stored. ``name`` owns models and jobs."""
 

@@ -6,7 +6,7 @@ pool of workers). The schema is owned by alembic; :meth:`Store.ensure_schema` re
 :class:`Store` is one object over one database; its queries are grouped by what they store:
 :mod:`~tuner.store.model_queries`, :mod:`~tuner.store.job_queries`, :mod:`~tuner.store.queue`,
 :mod:`~tuner.store.record_queries`, :mod:`~tuner.store.cost_model_queries`,
-:mod:`~tuner.store.profile_queries` and
+:mod:`~tuner.store.profile_queries`, :mod:`~tuner.store.device_queries` and
 :mod:`~tuner.store.token_queries`, all on
 :class:`~tuner.store.base.StoreBase` (engine, sessions, schema).
 """
@@ -14,6 +14,7 @@ pool of workers). The schema is owned by alembic; :meth:`Store.ensure_schema` re
 from __future__ import annotations
 
 from tuner.store.cost_model_queries import CostModelQueries
+from tuner.store.device_queries import DeviceQueries
 from tuner.store.engine import MIGRATIONS_DIR, alembic_config, normalize_url
 from tuner.store.job_queries import JobQueries
 from tuner.store.model_queries import ModelQueries
@@ -24,10 +25,17 @@ from tuner.store.token_queries import TokenQueries
 
 
 class Store(
-    ModelQueries, JobQueries, QueueQueries, RecordQueries, CostModelQueries, ProfileQueries, TokenQueries
+    ModelQueries,
+    JobQueries,
+    QueueQueries,
+    RecordQueries,
+    CostModelQueries,
+    ProfileQueries,
+    DeviceQueries,
+    TokenQueries,
 ):
-    """Models, jobs, tasks, workloads, tuning records, cost models, artifacts, profiles, machine limits and
-    tokens in one SQL database."""
+    """Models, jobs, tasks, workloads, tuning records, cost models, artifacts, profiles, machine limits,
+    the RPC servers jobs measured on, and tokens in one SQL database."""
 
 
 __all__ = ["MIGRATIONS_DIR", "Store", "alembic_config", "normalize_url"]
