@@ -47,16 +47,21 @@ def test_a_call_past_its_timeout_in_the_worker_times_out(workers: DeadlineWorker
 
 def test_a_worker_stuck_before_its_timer_is_killed_and_replaced(workers: DeadlineWorkers) -> None:
     workers.run(operator.add, [(0, 0), (0, 0)])
-    stuck_pid = workers._workers[0]._proc.pid
+    stuck_pid = workers._slots[0].worker._proc.pid
     stuck, fine = workers.run(operator.add, [(_StallsWhenLoaded(), 1), (41, 1)])
     assert isinstance(stuck, TimeoutError)
     assert fine == 42
     assert not psutil.pid_exists(stuck_pid) or psutil.Process(stuck_pid).status() == psutil.STATUS_ZOMBIE
     # The next call gets a fresh worker.
     assert workers.run(operator.add, [(1, 1), (2, 2)]) == [2, 4]
-    assert workers._workers[0]._proc.pid != stuck_pid
+    assert workers._slots[0].worker._proc.pid != stuck_pid
 
 
-def test_more_calls_than_workers_is_an_error(workers: DeadlineWorkers) -> None:
-    with pytest.raises(ValueError, match="3 calls for 2 workers"):
-        workers.run(operator.add, [(1, 1)] * 3)
+def test_more_calls_than_workers_take_turns_and_a_stuck_one_holds_up_only_itself(
+    workers: DeadlineWorkers,
+) -> None:
+    calls = [(i, 1) for i in range(6)]
+    calls[1] = (_StallsWhenLoaded(), 1)
+    outcomes = workers.run(operator.add, calls)
+    assert isinstance(outcomes[1], TimeoutError)
+    assert [o for i, o in enumerate(outcomes) if i != 1] == [1, 3, 4, 5, 6]

@@ -3,7 +3,9 @@
 TVM's ``LocalBuilder`` starts a new process pool for every batch (to contain a slow memory leak in
 long-lived workers). Each new worker imports TVM (1-5 s here, more with torch installed), which for small
 kernels costs far more than building them. This builder keeps its pool and recycles it every
-``recycle_after`` batches instead; a worker that times out or crashes is replaced by the pool itself.
+``recycle_after`` batches instead; a worker that times out or crashes is replaced at its next build, and
+one stuck past its timeout (its own timer never started) is killed by this process
+(:class:`~tuner.metaschedule.deadline_workers.DeadlineWorkers`).
 
 A candidate's build may take at most ``timeout_sec``, and, under a time budget, no more than the time left
 (in steps of :data:`BUILD_TIMEOUT_STEP_S`, at least that): some candidates compile for minutes (a long
@@ -18,14 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln_tvm import (
-    PopenPoolExecutor,
-    StatusKind,
     build_candidate,
     build_worker_func,
     derived_object,
     ms,
     serialize_build_params,
 )
+from tuner.metaschedule.deadline_workers import DeadlineWorkers
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class PooledBuilder(ms.builder.PyBuilder):
         self.timeout_sec = timeout_sec
         self.recycle_after = recycle_after
         self.time_left_s = time_left_s
-        self._pool: Any = None
+        self._pool: DeadlineWorkers | None = None
         self._pool_timeout = timeout_sec
         self._batches = 0
 
@@ -70,12 +71,12 @@ class PooledBuilder(ms.builder.PyBuilder):
         """The build timeout of the next batch."""
         return build_timeout(self.timeout_sec, self.time_left_s() if self.time_left_s is not None else None)
 
-    def _ensure_pool(self) -> Any:
+    def _ensure_pool(self) -> DeadlineWorkers:
         timeout = self.current_timeout()
         if self._pool is not None and (self._batches >= self.recycle_after or timeout != self._pool_timeout):
             self.shutdown()
         if self._pool is None:
-            self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=timeout)
+            self._pool = DeadlineWorkers(self.max_workers, timeout_s=timeout)
             self._pool_timeout = timeout
             self._batches = 0
         self._batches += 1
@@ -88,15 +89,15 @@ class PooledBuilder(ms.builder.PyBuilder):
             for item in build_inputs
         ]
         results = []
-        for outcome in pool.map_with_error_catching(_build_one, jobs):
-            if outcome.status == StatusKind.COMPLETE:
-                results.append(ms.builder.BuilderResult(outcome.value, None))
-            elif outcome.status == StatusKind.TIMEOUT:
+        for outcome in pool.run(_build_one, [(job,) for job in jobs]):
+            if isinstance(outcome, TimeoutError):
                 results.append(
                     ms.builder.BuilderResult(None, f"build timed out after {self._pool_timeout:g} s")
                 )
+            elif isinstance(outcome, BaseException):
+                results.append(ms.builder.BuilderResult(None, f"build failed: {outcome}"))
             else:
-                results.append(ms.builder.BuilderResult(None, f"build failed: {outcome.value}"))
+                results.append(ms.builder.BuilderResult(outcome, None))
         return results
 
     def shutdown(self) -> None:
