@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 import pytest
 
 from schedules.poly.caches import read_sysfs_caches
@@ -25,10 +26,11 @@ from tests.gather_kernel import built_gather
 from tests.host_jobs import run_host_job
 from tests.model_builders import build_mlp
 from tests.store_rows import TARGET, add_job, add_model, spec_for
-from tuner.entities import JobSpec, JobStatus, RunnerSpec
+from tuner.entities import FusionSummary, JobSpec, JobStatus, RunnerSpec, Task
 from tuner.errors import DeviceUnavailable, InvalidSpec
 from tuner.jobs.measuring import job_caches
 from tuner.jobs.pipeline import run_job
+from tuner.jobs.recorder import TuningClock
 from tuner.jobs.submission import submit_job
 from tuner.metaschedule.rpc_runner import make_rpc_runner
 from tuner.model_registry import register_model
@@ -360,6 +362,69 @@ def test_a_job_on_two_servers_of_its_key_measures_on_both(
     uses = store.server_uses(job_id=result.job.id)
     assert {u.server: u.candidates for u in uses} == dict(measured_on)
     assert {u.key for u in uses} == {"kiln-job-pair"}
+
+
+class _KillMidBatch:
+    """A job listener that, once the job has measured its first batch, kills an RPC server while it is
+    measuring a candidate."""
+
+    def __init__(self, server: RPCProcess) -> None:
+        self.server = server
+        self.killed_after_batches: int | None = None
+        self.batches = 0
+        self._watcher: threading.Thread | None = None
+
+    def stage(self, name: str) -> None:
+        pass
+
+    def planned(self, tasks: list[Task], fusion: FusionSummary, trials_total: int) -> None:
+        pass
+
+    def tuning(self, clock: TuningClock) -> None:
+        pass
+
+    def measured(self, task: Task, trials_done: int, trials_total: int) -> None:
+        self.batches += 1
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._kill_when_busy, daemon=True)
+            self._watcher.start()
+
+    def _kill_when_busy(self) -> None:
+        # A TVM server forks a process per session: while it has one, it is measuring a candidate.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and self.server.pid is not None:
+            if psutil.Process(self.server.pid).children():
+                self.server.terminate()
+                self.killed_after_batches = self.batches
+                return
+            time.sleep(0.005)
+
+
+def test_a_job_whose_server_is_killed_mid_batch_finishes_on_the_other(
+    tracker: RPCProcess, store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build_mlp(seed=7), str(path))
+    # Batches of 4 candidates, each measured for >= 0.6 s: two waves of two a batch, both servers busy.
+    slow = settings.model_copy(update={"num_trials_per_iter": 4, "measure_min_repeat_ms": 200})
+    with (
+        start_server(tracker.address, "kiln-job-dying", "127.0.0.1", 0) as survivor,
+        start_server(tracker.address, "kiln-job-dying", "127.0.0.1", 0) as dying,
+    ):
+        killer = _KillMidBatch(dying)
+        runner = RunnerSpec("rpc", tracker.address, "kiln-job-dying")
+        result = run_host_job(store, slow, path, listener=killer, trials=12, runner=runner)
+    # Killed while the job still had batches to measure.
+    assert killer.killed_after_batches is not None and killer.killed_after_batches < killer.batches
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    records = store.list_records(job_id=result.job.id)
+    # The candidate the dead server was measuring was measured again on the survivor: every candidate the
+    # job tried has a valid record.
+    assert len(records) > 4 and all(r.error is None for r in records), [r.error for r in records]
+    assert len(records) == sum(t.trials for t in result.tasks)
+    uses = {u.server: u.candidates for u in store.server_uses(job_id=result.job.id)}
+    assert sum(uses.values()) == len(records)
+    assert uses[survivor.address] > uses.get(dying.address, 0)
 
 
 def test_kilns_server_reports_its_caches_for_cpu_poly(
