@@ -27,7 +27,7 @@ from cli.render import (
     print_tuning_time,
     task_table,
 )
-from tuner.entities import DEFAULT_TRIALS, Job, JobSpec, ModelInfo, RunnerSpec, trial_budget
+from tuner.entities import DEFAULT_TRIALS, MAX_JOB_WORKERS, Job, JobSpec, ModelInfo, RunnerSpec, trial_budget
 from tuner.errors import InvalidSpec, KilnError
 
 if TYPE_CHECKING:
@@ -251,6 +251,14 @@ def submit(
     float_model: FloatModelOpt = None,
     rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
     rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_JOB_WORKERS,
+            help="Split the job's tasks over this many workers (idle workers tune a group each)",
+        ),
+    ] = 1,
     name: NameOpt = None,
     owner: OwnerOpt = "",
 ) -> None:
@@ -270,6 +278,7 @@ def submit(
         space=space,
         precision=precision,
     )
+    spec = dataclasses.replace(spec, workers=workers)
     info, job = _queue(
         open_store(), model, spec, name=name, owner=owner, float_model=float_model, input_value=input_value
     )

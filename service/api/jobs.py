@@ -33,6 +33,7 @@ from service.schemas import (
     LocalRunner,
     ProfileOut,
     RPCRunner,
+    TaskGroupOut,
     TaskOut,
 )
 from service.schemas.polyhedral import PolyhedralOut
@@ -68,6 +69,8 @@ def job_out(store: Store, job: Job, model_names: dict[str, str] | None = None) -
         names[job.spec.model_id] = store.get_model(job.spec.model_id).name
     progress = store.job_progress(job.id)
     out = JobOut.of(job, progress, names[job.spec.model_id])
+    if job.spec.workers > 1:
+        out.task_groups = [TaskGroupOut.from_entity(group) for group in store.task_groups(job.id)]
     if job.status is JobStatus.SUCCEEDED and job.spec.trials and progress["trials_done"] < job.spec.trials:
         out.trials_note = trials_shortfall(job, store.list_tasks(job.id))
     return out
@@ -105,6 +108,7 @@ def _create_job(body: JobIn, state: ServiceState, owner: str) -> JobOut:
         space=body.space,
         precision=body.precision,
         float_model_id=body.float_model_id,
+        workers=body.workers,
     )
     return job_out(state.store, submit_job(state.store, spec, owner, state.settings))
 

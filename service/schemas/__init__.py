@@ -23,6 +23,7 @@ from service.schemas.job import (
     ProgressOut,
     RPCRunner,
     Runner,
+    TaskGroupOut,
     TaskOut,
     TimingOut,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "RPCRunner",
     "Runner",
     "ServerUseOut",
+    "TaskGroupOut",
     "TaskOut",
     "TaskPreviewOut",
     "TensorOut",

@@ -11,11 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field
 from service.schemas.common import MAX_INPUTS, MAX_RANK, MAX_TARGET_KEYS, MAX_TIME_BUDGET_S, EntityOut
 from tuner.entities import (
     DEFAULT_TRIALS,
+    MAX_JOB_WORKERS,
     AccuracyReport,
     Job,
     JobStatus,
     LatencyReport,
     Task,
+    TaskGroupStatus,
 )
 from tuner.views.curves import time_shares
 
@@ -85,6 +87,13 @@ class JobIn(BaseModel):
         "accuracy report adds the share of rows whose arg-max (top-1) agrees with it",
     )
     seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
+    workers: StrictInt = Field(
+        default=1,
+        ge=1,
+        le=MAX_JOB_WORKERS,
+        description="How many workers may tune the job's tasks at once: its tasks are split in that many "
+        "groups, which idle workers claim (each measuring on its own device); its own worker then compiles",
+    )
     input_shapes: (
         dict[
             Annotated[str, Field(max_length=256)],
@@ -178,6 +187,20 @@ class AccuracyOut(EntityOut):
         return cls.from_entity(report, outputs=[OutputAccuracyOut.from_entity(o) for o in report.outputs])
 
 
+class TaskGroupOut(EntityOut):
+    index: int
+    task_indices: list[int] = Field(description="The job's tasks in this group (positions in its task list)")
+    trials: int | None = Field(
+        description="The group's share of the job's trials; null: the time budget only"
+    )
+    status: TaskGroupStatus
+    worker: str | None = Field(description="The worker that holds (or last held) the group")
+    attempts: int
+    heartbeat_at: datetime | None
+    finished_at: datetime | None
+    error: str | None = Field(description="Why the group was requeued or failed")
+
+
 class JobOut(EntityOut):
     id: str
     model_id: str
@@ -197,6 +220,10 @@ class JobOut(EntityOut):
     precision: str = Field(description="The precision policy for float matmuls and convolutions")
     float_model_id: str | None = Field(description="The float model the accuracy report compares top-1 with")
     seed: int
+    workers: int = Field(description="How many workers may tune the job's tasks at once")
+    task_groups: list[TaskGroupOut] = Field(
+        default_factory=list, description="A split job's groups of tasks, and which worker tunes each"
+    )
     progress: ProgressOut
     baseline_latency_ms: float | None = Field(description="Untuned TVM build, end to end")
     tuned_latency_ms: float | None
@@ -248,6 +275,7 @@ class JobOut(EntityOut):
             precision=spec.precision,
             float_model_id=spec.float_model_id,
             seed=spec.seed,
+            workers=spec.workers,
             progress=ProgressOut(**progress),
             reference_latency_ms=dict(job.reference_latency_ms),
             latency_report=LatencyReportOut.of(job.latency_report) if job.latency_report else None,

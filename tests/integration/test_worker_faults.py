@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ import pytest
 
 from tests.artifacts import onnxruntime_output, run_artifact_in_fresh_process
 from tests.model_builders import build_mlp
+from tests.worker_processes import wait_for, worker_process
 from tuner.entities import Job, JobSpec, JobStatus
 from tuner.jobs.failures import crash_report_path
 from tuner.jobs.submission import submit_job
@@ -30,29 +29,6 @@ from tuner.settings import Settings
 from tuner.store import Store
 
 pytestmark = pytest.mark.slow
-
-
-def _wait_for(condition: Callable[[], object], what: str, timeout_s: float = 300) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-@pytest.fixture
-def fault_settings(tmp_path: Path, database_url: str) -> Settings:
-    return Settings(
-        data_dir=tmp_path / "data",
-        database_url=database_url,
-        heartbeat_s=0.5,
-        stale_after_s=3.0,
-        num_trials_per_iter=8,
-        cancel_grace_s=2.0,
-        poll_interval_s=0.2,
-    )
 
 
 @pytest.fixture
@@ -67,55 +43,13 @@ def queue(store: Store, fault_settings: Settings, tmp_path: Path) -> Callable[..
     return submit
 
 
-def _worker_process(settings: Settings, name: str) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    env.update(
-        {
-            "KILN_DATA_DIR": str(settings.data_dir),
-            "KILN_DATABASE_URL": settings.resolved_database_url,
-            "KILN_HEARTBEAT_S": str(settings.heartbeat_s),
-            "KILN_NUM_TRIALS_PER_ITER": str(settings.num_trials_per_iter),
-            "KILN_POLL_INTERVAL_S": "0.2",
-        }
-    )
-    return subprocess.Popen([sys.executable, "-m", "cli", "worker", "--name", name], env=env)
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture
-def in_thread() -> Iterator[Callable[[Worker], threading.Thread]]:
-    """Runs ``worker.run_once`` on a daemon thread; a test that fails while it runs still stops it,
-    so neither its tuning process nor the thread outlives the test (a live thread would stall exit)."""
-    started: list[tuple[Worker, threading.Thread]] = []
-
-    def start(worker: Worker) -> threading.Thread:
-        thread = threading.Thread(target=worker.run_once, name=f"worker-{worker.name}", daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return thread
-
-    yield start
-    for worker, thread in started:
-        worker.stop()  # hands the job back and kills its tuning process group
-        thread.join(timeout=30)
-
-
 def test_job_of_a_sigkilled_worker_is_finished_by_another_keeping_its_records(
     store: Store, fault_settings: Settings, queue: Callable[..., Job], processes: list, tmp_path: Path
 ) -> None:
     job = queue(trials=40, seed=5)
-    first = _worker_process(fault_settings, "doomed")
+    first = worker_process(fault_settings, "doomed")
     processes.append(first)
-    _wait_for(lambda: store.count_records(job_id=job.id) >= 8, "the first worker to measure a round")
+    wait_for(lambda: store.count_records(job_id=job.id) >= 8, "the first worker to measure a round")
     descendants = psutil.Process(first.pid).children(recursive=True)
     assert descendants, "the worker tunes in processes of its own"
     first.send_signal(signal.SIGKILL)
@@ -129,7 +63,7 @@ def test_job_of_a_sigkilled_worker_is_finished_by_another_keeping_its_records(
     assert store.get_job(job.id).status is JobStatus.RUNNING  # nobody knows yet
 
     rescuer = Worker(fault_settings, "rescuer", store)
-    _wait_for(lambda: rescuer.run_once(), "the second worker to requeue and run the job")
+    wait_for(lambda: rescuer.run_once(), "the second worker to requeue and run the job")
 
     done = store.get_job(job.id)
     assert done.status is JobStatus.SUCCEEDED, done.error
@@ -156,7 +90,7 @@ def test_segfaulting_tuning_process_fails_the_job_and_the_worker_keeps_serving(
     job = queue(trials=200, seed=6)
     worker = Worker(fault_settings, "survivor", store)
     thread = in_thread(worker)
-    _wait_for(lambda: store.count_records(job_id=job.id) >= 1, "the job to measure")
+    wait_for(lambda: store.count_records(job_id=job.id) >= 1, "the job to measure")
     pid = worker.child_pid
     assert pid is not None
     os.kill(pid, signal.SIGSEGV)
@@ -191,9 +125,9 @@ def test_sigterm_hands_the_job_back_and_cancel_stops_a_running_job(
     if not database_url.startswith("sqlite"):
         pytest.skip("covered on SQLite; the queue operations themselves are tested on both backends")
     job = queue(trials=400, seed=8)
-    proc = _worker_process(fault_settings, "polite")
+    proc = worker_process(fault_settings, "polite")
     processes.append(proc)
-    _wait_for(lambda: store.count_records(job_id=job.id) >= 1, "the job to measure")
+    wait_for(lambda: store.count_records(job_id=job.id) >= 1, "the job to measure")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     handed_back = store.get_job(job.id)
@@ -203,7 +137,7 @@ def test_sigterm_hands_the_job_back_and_cancel_stops_a_running_job(
 
     worker = Worker(fault_settings, "second", store)
     thread = in_thread(worker)
-    _wait_for(lambda: store.count_records(job_id=job.id) > measured, "the job to resume")
+    wait_for(lambda: store.count_records(job_id=job.id) > measured, "the job to resume")
     store.request_cancel(job.id)
     asked_at = time.monotonic()
     thread.join(timeout=60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tuner.entities.access import ApiToken
 from tuner.entities.job import (
     DEFAULT_TRIALS,
+    MAX_JOB_WORKERS,
     Artifact,
     Job,
     JobSpec,
@@ -13,6 +14,8 @@ from tuner.entities.job import (
     RunnerSpec,
     ServerUse,
     Task,
+    TaskGroup,
+    TaskGroupStatus,
     trial_budget,
     trials_shortfall,
 )
@@ -45,6 +48,7 @@ __all__ = [
     "BestRecord",
     "BoundInput",
     "DEFAULT_TRIALS",
+    "MAX_JOB_WORKERS",
     "Dim",
     "FusionSummary",
     "IrLevel",
@@ -73,6 +77,8 @@ __all__ = [
     "StoredRecord",
     "StoredWorkload",
     "Task",
+    "TaskGroup",
+    "TaskGroupStatus",
     "TaskInfo",
     "TensorSpec",
     "TimelineEntry",

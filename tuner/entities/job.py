@@ -12,6 +12,7 @@ from tuner.entities.outcome import AccuracyReport, LatencyReport
 from tuner.errors import InvalidSpec
 
 DEFAULT_TRIALS = 64  # a job's trial budget when it gives neither trials nor a time budget
+MAX_JOB_WORKERS = 64  # the most workers one job's tasks may be split over
 
 
 def trial_budget(trials: int | None, time_budget_s: float | None) -> int | None:
@@ -126,6 +127,13 @@ class JobSpec:
     #: A stored float model this (quantized or reduced-precision) one stands for: the accuracy report
     #: adds the top-1 agreement of the tuned build with it.
     float_model_id: str | None = None
+    #: How many workers may tune this job's tasks at once (tuner.jobs.task_groups): its tasks are split in
+    #: that many groups, which idle workers claim; 1 tunes them all in the job's own worker.
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if type(self.workers) is not int or not 1 <= self.workers <= MAX_JOB_WORKERS:
+            raise InvalidSpec(f"workers must be an integer from 1 to {MAX_JOB_WORKERS}, got {self.workers!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -141,6 +149,7 @@ class JobSpec:
             "space": self.space,
             "precision": self.precision,
             "float_model_id": self.float_model_id,
+            "workers": self.workers,
         }
 
     @classmethod
@@ -159,6 +168,7 @@ class JobSpec:
             space=data.get("space"),
             precision=data.get("precision") or "as-is",
             float_model_id=data.get("float_model_id"),
+            workers=data.get("workers", 1),
         )
 
 
@@ -296,3 +306,39 @@ class ServerUse:
     candidates: int
     first_used_at: datetime
     last_used_at: datetime
+
+
+class TaskGroupStatus(str, enum.Enum):
+    """Life cycle of a group of a split job's tasks (:class:`TaskGroup`)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (TaskGroupStatus.DONE, TaskGroupStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class TaskGroup:
+    """Some of a split job's tasks, tuned by whichever worker claims the group.
+
+    ``task_indices`` are positions in the job's task list; ``trials`` is the group's share of the job's
+    trial budget (None: the time budget alone bounds it); ``deadline_at`` is when the job's time budget
+    ends (None: no time budget). Claimed, heartbeated and requeued like a job.
+    """
+
+    id: int
+    job_id: str
+    index: int
+    task_indices: tuple[int, ...]
+    trials: int | None
+    status: TaskGroupStatus
+    worker: str | None = None
+    attempts: int = 0
+    heartbeat_at: datetime | None = None
+    deadline_at: datetime | None = None
+    finished_at: datetime | None = None
+    error: str | None = None

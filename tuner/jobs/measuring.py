@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from schedules.poly.caches import UNKNOWN, CacheHierarchy, host_caches, parse_cache_spec
 from schedules.spaces import SpaceOptions, get_space
-from tuner.entities import JobSpec
+from tuner.entities import JobSpec, MachineLimits
 from tuner.rpc.device_info import device_caches
 from tuner.settings import Settings
+from tuner.store.sql import Store
+from tuner.targets import is_host_cpu
+from tuner.timing.profile import host_limits
 from tuner.tune import MeasureConfig
 
 
@@ -55,3 +58,11 @@ def measure_config(settings: Settings, spec: JobSpec) -> MeasureConfig:
         space=spec.space,
         space_options=space_options(settings, spec),
     )
+
+
+def measuring_host_limits(store: Store, spec: JobSpec) -> MachineLimits | None:
+    """This machine's roofs when the job measures its candidates here (the scheduler's rooflines), measured
+    once per host and kept."""
+    if spec.runner.kind != "local" or not is_host_cpu(spec.target):
+        return None
+    return host_limits(store, spec.target)

@@ -2,7 +2,8 @@
 
 1. :func:`_plan`: import the model and run the graph passes; register the tasks (or recount a resumed
    job's).
-2. :func:`_tune`: MetaSchedule over the tasks, within what is left of the budget.
+2. :func:`_tune`: MetaSchedule over the tasks, within what is left of the budget; a job split over several
+   workers tunes groups of its tasks on each (:mod:`tuner.jobs.task_groups`).
 3. :func:`_compile`: each kernel's best record (or a schedule built without measuring), compiled.
 4. :func:`_check` (on this machine's CPU): verify the outputs, time the artifact side by side, profile it.
 5. :func:`_package`: the manifest and the artifact.
@@ -32,7 +33,6 @@ from tuner.entities import (
     Job,
     JobSpec,
     JobStatus,
-    MachineLimits,
     ModelInfo,
     Task,
 )
@@ -43,9 +43,10 @@ from tuner.jobs.artifact import export_library, pack_artifact
 from tuner.jobs.failures import crash_report_path, describe_failure, write_crash_report
 from tuner.jobs.in_process import InProcessGuard, cli_worker_name
 from tuner.jobs.manifest import job_manifest
-from tuner.jobs.measuring import job_caches, measure_config
+from tuner.jobs.measuring import job_caches, measure_config, measuring_host_limits
 from tuner.jobs.recorder import JobListener, JobRecorder
 from tuner.jobs.submission import job_input_shapes, validate_spec
+from tuner.jobs.task_groups import tune_split
 from tuner.metaschedule.cost_model import load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.model_registry import model_file
@@ -234,6 +235,19 @@ def _tune(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder
         if trials_left == 0 or (time_left is not None and time_left <= 0):
             return
         check_runner(spec.runner, settings.rpc_timeout_s)
+        if spec.workers > 1 and len(recorder.tasks) > 1:
+            groups = tune_split(
+                recorder.store,
+                settings,
+                job,
+                recorder.tasks,
+                worker=job.worker or cli_worker_name(),
+                should_stop=should_stop,
+                time_left_s=clock.remaining_s,
+                on_measured=recorder.measured_elsewhere,
+            )
+            recorder.split_tuned(groups)
+            return
         config = measure_config(settings, spec)
         # The cost model kept for this target starts trained on every record measured on it before.
         cost_model, learnt_up_to = (
@@ -251,7 +265,7 @@ def _tune(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder
             on_batch=recorder.on_batch,
             should_stop=should_stop,
             time_left_s=clock.remaining_s,
-            limits=_measuring_host_limits(recorder.store, spec),
+            limits=measuring_host_limits(recorder.store, spec),
             cost_model=cost_model,
         )
         if cost_model is not None:
@@ -397,14 +411,6 @@ def _package(
     recorder.succeeded(checked.latency, checked.accuracy)
     job_now = store.get_job(job.id)
     return JobResult(job_now, tasks, planned.plan.fusion, artifact, checked.comparisons, checked.latency)
-
-
-def _measuring_host_limits(store: Store, spec: JobSpec) -> MachineLimits | None:
-    """This machine's roofs when the job measures its candidates here (the scheduler's rooflines), measured
-    once per host and kept."""
-    if spec.runner.kind != "local" or not is_host_cpu(spec.target):
-        return None
-    return host_limits(store, spec.target)
 
 
 def _float_reference(store: Store, settings: Settings, spec: JobSpec, target: Any) -> FloatReference | None:

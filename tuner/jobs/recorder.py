@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,9 +21,12 @@ from tuner.entities import (
     JobStatus,
     ModelProfile,
     Task,
+    TaskGroup,
+    TaskGroupStatus,
     TaskInfo,
 )
 from tuner.errors import Conflict
+from tuner.jobs.heartbeat import Heartbeat
 from tuner.store.orm import utcnow
 
 if TYPE_CHECKING:
@@ -184,6 +186,29 @@ class JobRecorder:
             self.store.set_tuning_time(self.job_id, self.clock.elapsed_s(), utcnow())
         self.listener.measured(task, self.trials_done, self.trials_total)
 
+    def measured_elsewhere(self, task: Task, trials_done: int) -> None:
+        """A batch of a split job's group was measured (and stored) by :mod:`tuner.jobs.task_groups`: the
+        job's trials done so far, over every worker."""
+        self.tasks = [task if t.id == task.id else t for t in self.tasks]
+        self.trials_done = trials_done
+        if self.clock is not None:
+            self.store.set_tuning_time(self.job_id, self.clock.elapsed_s(), utcnow())
+        self.listener.measured(task, trials_done, self.trials_total)
+
+    def split_tuned(self, groups: list[TaskGroup]) -> None:
+        """Every group of a split job ended: its tasks as the workers left them."""
+        self.tasks = self.store.list_tasks(self.job_id)
+        self.trials_done = self.store.refresh_job_progress(self.job_id)
+        for group in groups:
+            if group.status is not TaskGroupStatus.DONE:
+                log.warning(
+                    "job %s: task group %d (tasks %s) did not finish: %s",
+                    self.job_id,
+                    group.index,
+                    list(group.task_indices),
+                    group.error,
+                )
+
     @contextlib.contextmanager
     def tuning(self, budget_s: float | None, spent_before_s: float) -> Iterator[TuningClock]:
         """The tuning stage: its clock runs (and is kept in the store with every batch) inside the block."""
@@ -224,7 +249,11 @@ class JobRecorder:
 
     def heartbeat(self, worker: str, interval_s: float) -> Heartbeat:
         """Keeps the job's heartbeat fresh while it runs in this process: ``with recorder.heartbeat(...)``."""
-        return Heartbeat(self.store, self.job_id, worker, interval_s)
+        return Heartbeat(
+            lambda: self.store.heartbeat(self.job_id, worker) is not None,
+            interval_s,
+            f"heartbeat of job {self.job_id[:8]}",
+        )
 
 
 class TuningClock:
@@ -249,31 +278,3 @@ class TuningClock:
     def remaining_s(self) -> float | None:
         """Seconds left of the budget (can be negative), or None without a time budget."""
         return None if self.budget_s is None else self.budget_s - self.elapsed_s()
-
-
-class Heartbeat:
-    """Keeps a running job's heartbeat fresh from a background thread (``with Heartbeat(...):``).
-
-    Without it, a worker elsewhere would take the job for abandoned and requeue it.
-    """
-
-    def __init__(self, store: Store, job_id: str, worker: str, interval_s: float) -> None:
-        self.store, self.job_id, self.worker, self.interval_s = store, job_id, worker, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id[:8]}", daemon=True)
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                if self.store.heartbeat(self.job_id, self.worker) is None:
-                    return
-            except Exception:  # a database hiccup must not kill the job; the next beat retries
-                log.exception("heartbeat of job %s failed", self.job_id)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()

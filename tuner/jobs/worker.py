@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from forkserver import ForkedProcess, shared_fork_server
-from tuner.entities import Job, JobStatus
+from tuner.entities import Job, JobStatus, TaskGroup, TaskGroupStatus
 from tuner.errors import Conflict
 from tuner.jobs.failures import CRASH_REPORT, crash_report_path
+from tuner.jobs.heartbeat import Heartbeat
 from tuner.jobs.limits import JobLimits, JobWatch
 from tuner.settings import Settings
 from tuner.store.sql import Store
@@ -80,6 +81,10 @@ class Worker:
         self._stop = threading.Event()
         self.child_pid: int | None = None  # the running job's tuning process, if any
 
+    @property
+    def _beat_s(self) -> float:
+        return min(_SUPERVISE_POLL_S, self.settings.heartbeat_s)
+
     def stop(self) -> None:
         """Ask the worker to stop; a job it is running goes back to the queue."""
         self._stop.set()
@@ -98,12 +103,13 @@ class Worker:
         log.info("worker %s stopped", self.name)
 
     def run_once(self) -> Job | None:
-        """Requeue abandoned jobs, then claim one and run it to its end. Returns it, or None if idle."""
+        """Requeue abandoned jobs, then claim one and run it to its end; with no job queued, tune a queued
+        task group of a running split job instead. Returns the job it ran or helped, or None if idle."""
         for job in self.store.requeue_stale(self.settings.stale_after_s, self.settings.max_attempts):
             log.warning("job %s whose worker was lost is now %s", job.id, job.status.value)
         job = self.store.claim_job(self.name)
         if job is None:
-            return None
+            return self._help_once()
         log.info("worker %s runs job %s (attempt %d)", self.name, job.id, job.attempts)
         try:
             self._supervise(job)
@@ -111,11 +117,84 @@ class Worker:
             self.child_pid = None
         return self.store.get_job(job.id)
 
+    def _help_once(self) -> Job | None:
+        """Claim a queued task group of a running split job (requeueing abandoned ones first) and tune it
+        in a tuning process; the job it belongs to, or None when there is none."""
+        for group in self.store.requeue_stale_task_groups(
+            self.settings.stale_after_s, self.settings.max_attempts
+        ):
+            log.warning(
+                "task group %d of job %s whose worker was lost is now %s",
+                group.index,
+                group.job_id,
+                group.status.value,
+            )
+        group = self.store.claim_task_group(self.name)
+        if group is None:
+            return None
+        log.info(
+            "worker %s tunes task group %d of job %s (attempt %d)",
+            self.name,
+            group.index,
+            group.job_id,
+            group.attempts,
+        )
+        try:
+            self._supervise_group(group)
+        finally:
+            self.child_pid = None
+        return self.store.get_job(group.job_id)
+
+    def _supervise_group(self, group: TaskGroup) -> None:
+        # The group's tuning process heartbeats the group itself; this watches that the group stays ours
+        # (its job may give up on it, or requeue it) and records a process that ended without finishing it.
+        with Heartbeat(
+            lambda: self.store.heartbeat_task_group(group.id, self.name) is not None,
+            self._beat_s,
+            f"{self.name} starting",
+        ):
+            child = _start_tuning_process(self.name, self.settings, group_id=group.id)
+        self.child_pid = child.pid
+        released = False
+        try:
+            while True:
+                try:
+                    child.wait(timeout=_SUPERVISE_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if self._stop.is_set():
+                    released = True
+                    break
+                current = self.store.get_task_group(group.id)
+                if (
+                    current is None
+                    or current.status is not TaskGroupStatus.RUNNING
+                    or current.worker != self.name
+                ):
+                    break  # taken back, or given up by its job: stop tuning it
+        finally:
+            _kill_process_group(child)
+        if released:
+            reason = f"worker {self.name} stopped"
+            self.store.release_task_group(
+                group.id, self.name, reason, self.settings.max_attempts, counted=False
+            )
+            return
+        reason = describe_exit(child.returncode, f"tuning task group {group.index}")
+        if self.store.release_task_group(group.id, self.name, reason, self.settings.max_attempts) is not None:
+            log.warning("task group %d of job %s: %s", group.index, group.job_id, reason)
+
     def _supervise(self, job: Job) -> None:
         # Forked from the job fork server (not from this process: it may be a threaded web server, and
         # TVM is not fork-safe once it has run anything), in its own session so that killing its group
         # also stops its builders and runners.
-        child = _start_tuning_process(job.id, self.name, self.settings)
+        # Starting it can take seconds (the first one starts the fork server, which loads TVM): beat meanwhile,
+        # or another worker would take the job for abandoned.
+        with Heartbeat(
+            lambda: self.store.heartbeat(job.id, self.name) is not None, self._beat_s, f"{self.name} starting"
+        ):
+            child = _start_tuning_process(self.name, self.settings, job_id=job.id)
         self.child_pid = child.pid
         watch = JobWatch(JobLimits.from_settings(self.settings), child.pid, job.spec.time_budget_s)
         stage = job.stage
@@ -135,7 +214,7 @@ class Worker:
                     outcome = "released"
                     break
                 if now >= next_beat:
-                    next_beat = now + min(_SUPERVISE_POLL_S, self.settings.heartbeat_s)
+                    next_beat = now + self._beat_s
                     current = self._beat(job.id)
                     if current is False:
                         if self.store.get_job(job.id).status.finished:
@@ -240,15 +319,22 @@ def _kill_process_group(child: ForkedProcess) -> None:
 # ---- the tuning process ------------------------------------------------------------------------------
 
 
-def _start_tuning_process(job_id: str, worker: str, settings: Settings) -> ForkedProcess:
-    """A job's tuning process, forked from this process's job fork server (:mod:`tuner.jobs.worker_child`);
-    the job is sent on stdin."""
+def _start_tuning_process(
+    worker: str, settings: Settings, *, job_id: str | None = None, group_id: int | None = None
+) -> ForkedProcess:
+    """A tuning process for a job or for one task group of a split job, forked from this process's job fork
+    server (:mod:`tuner.jobs.worker_child`); what to run is sent on stdin."""
     stdin_r, stdin_w = os.pipe()
     try:
         child = shared_fork_server("tuner.jobs.worker_child").spawn([stdin_r, 1, 2], dict(os.environ))
     finally:
         os.close(stdin_r)
     with os.fdopen(stdin_w, "wb") as stdin:
-        request = {"job_id": job_id, "worker": worker, "settings": settings.model_dump_json()}
+        request = {
+            "job_id": job_id,
+            "group_id": group_id,
+            "worker": worker,
+            "settings": settings.model_dump_json(),
+        }
         stdin.write(json.dumps(request).encode())
     return child

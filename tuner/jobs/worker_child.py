@@ -1,4 +1,4 @@
-"""A job's tuning process: forked from ``python -m tuner.jobs.worker_child --fork-server FD`` (which has
+"""A job's tuning process (or a split job's task group's): forked from ``python -m tuner.jobs.worker_child --fork-server FD`` (which has
 loaded TVM, the importers and the tuner once, and run nothing), it reads its job and the settings on stdin
 and runs the job (:func:`tuner.jobs.pipeline.execute_job`); the worker that started it
 (:mod:`tuner.jobs.worker`) supervises it.
@@ -61,22 +61,30 @@ def warm_up() -> None:
 def serve_one() -> None:
     """A job's tuning process (forked by the job fork server; the job and settings on stdin)."""
     request = json.loads(sys.stdin.read())
-    job_id, worker = request["job_id"], request["worker"]
+    worker, group_id = request["worker"], request.get("group_id")
     _die_with_parent()  # the fork server, which exits with the worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the worker, which decides
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from tuner.isolation.fatal_signals import report_fatal_signals
     from tuner.jobs.pipeline import execute_job
+    from tuner.jobs.task_groups import JobStillRunning, tune_claimed_group
 
     settings = Settings.model_validate_json(request["settings"])
+    store = Store.from_settings(settings)
+    group = store.get_task_group(group_id) if group_id is not None else None
+    job_id = group.job_id if group is not None else request["job_id"]
     crash_report = crash_report_path(settings.jobs_dir, job_id)
     crash_report.parent.mkdir(parents=True, exist_ok=True)
     report_fatal_signals(crash_report.open("a"))  # open for the life of the process
-    store = Store.from_settings(settings)
     try:
         job = store.get_job(job_id)
-        execute_job(store, settings, job, should_stop=_StopCheck(store, job_id, worker))
+        if group is not None:
+            tune_claimed_group(
+                store, settings, job, group, worker=worker, should_stop=JobStillRunning(store, job_id)
+            )
+        else:
+            execute_job(store, settings, job, should_stop=_StopCheck(store, job_id, worker))
     except KilnError as exc:
         log.info("job %s ended: %s", job_id, exc.message)  # already recorded on the job
     finally:

@@ -98,6 +98,10 @@ class KilnDatabase(ms.database.PyDatabase):
                 return stored.id, workload
         return None
 
+    def stored_workload(self, workload_id: int) -> Workload:
+        """The stored workload ``workload_id`` (a task's TIR, as the job that planned it committed it)."""
+        return self._load(workload_id, self.store.get_workload_json(workload_id))
+
     def workload_id(self, mod: tvm.IRModule) -> int | None:
         """The id of the stored workload for ``mod``, if any."""
         found = self._find(mod)

@@ -160,6 +160,27 @@ class TaskRow(Base):
     asm_mix_json: Mapped[str | None] = mapped_column(sa.Text, deferred=True)
 
 
+class TaskGroupRow(Base):
+    """Some of a split job's tasks (``task_indices``, JSON positions), claimed and tuned by one worker."""
+
+    __tablename__ = "task_groups"
+    __table_args__ = (sa.UniqueConstraint("job_id", "index"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(sa.Integer)
+    task_indices_json: Mapped[str] = mapped_column(sa.Text)
+    trials: Mapped[int | None] = mapped_column(sa.Integer)
+    status: Mapped[str] = mapped_column(sa.String(16), index=True)
+    worker: Mapped[str | None] = mapped_column(sa.String(255))
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+
+
 class TuningRecordRow(Base):
     """One measured candidate; failed ones are kept with ``mean_run_sec`` = 1e10."""
 
