@@ -35,6 +35,21 @@ def test_submitted_job_is_queued_with_a_resolved_target(client: TestClient, mlp_
     assert client.get(f"/api/v1/jobs/{job['id']}").json()["id"] == job["id"]
     assert _submit(client, mlp_model["id"], trials=8, precision="bf16")["precision"] == "bf16"
     assert _submit(client, mlp_model["id"], trials=8, precision="auto")["precision"] == "auto"
+    assert job["workers"] == 1 and job["task_groups"] == []
+
+
+def test_a_split_job_lists_its_task_groups(
+    client: TestClient, mlp_model: dict, api_settings: Settings
+) -> None:
+    job = _submit(client, mlp_model["id"], trials=8, workers=2)
+    assert job["workers"] == 2 and job["task_groups"] == []  # split when its worker plans it
+    store = Store.from_settings(api_settings)
+    store.split_job(job["id"], [([0], 5), ([1], 3)], None)
+    groups = client.get(f"/api/v1/jobs/{job['id']}").json()["task_groups"]
+    assert [(g["index"], g["task_indices"], g["trials"], g["status"], g["worker"]) for g in groups] == [
+        (0, [0], 5, "queued", None),
+        (1, [1], 3, "queued", None),
+    ]
 
 
 def test_devices_say_which_bf16_instructions_the_servers_cpu_has(client: TestClient) -> None:
@@ -84,6 +99,9 @@ def test_a_job_budget_is_trials_time_or_both(client: TestClient, mlp_model: dict
         ({"time_budget_s": -30}, "invalid_request"),
         ({"time_budget_s": "30m"}, "invalid_request"),
         ({"time_budget_s": 10**9}, "invalid_request"),
+        ({"workers": 0}, "invalid_request"),
+        ({"workers": 65}, "invalid_request"),
+        ({"workers": "2"}, "invalid_request"),
         ({"input_shapes": {"x": ["1", 256]}}, "invalid_request"),
         # Targets this machine's local runner cannot run, or that make no sense.
         ({"target": {"kind": "llvm", "num-cores": 10**9}}, "invalid_target"),

@@ -17,7 +17,7 @@ import onnx
 import pytest
 
 from tests.model_builders import PARAMETER_VALUES, build_mlp, parameterized_onnx
-from tests.store_rows import add_job
+from tests.store_rows import TARGET, add_job, add_model, spec_for
 from tuner.rpc.processes import start_server as start_server_process
 from tuner.rpc.processes import start_tracker
 from tuner.settings import Settings
@@ -386,3 +386,24 @@ def test_api_docs_render_offline(start_server: Callable[..., str], browser_page)
     assert len(operations) > 20
     assert "Kiln" in page.locator(".swagger-ui .info .title").inner_text()
     assert elsewhere == []
+
+
+def test_a_split_jobs_page_lists_its_task_groups_and_their_workers(
+    start_server: Callable[..., str], browser_page
+) -> None:
+    page = browser_page
+    url = start_server(KILN_EMBEDDED_WORKERS="0")
+    store = Store.from_settings(Settings(data_dir=Path(start_server.data_dirs[url]), database_url=None))
+    model = add_model(store)
+    job = store.create_job(spec_for(model.id, workers=2), TARGET).id
+    store.split_job(job, [([0, 2], 20), ([1], 12)], None)
+    store.mark_job_running(job, "node-a:17")
+    store.claim_task_group("node-b:42")
+    page.goto(f"{url}/#/jobs/{job}")
+    page.locator("#task-groups table").wait_for()
+    assert "Tasks split over 2 groups" in page.locator("#task-groups h3").inner_text()
+    rows = [r.split("\t") for r in page.locator("#task-groups tbody tr").all_inner_texts()]
+    assert [[c.strip() for c in r[:6]] for r in rows] == [
+        ["#0", "#0, #2", "20", "running", "node-b:42", "1"],
+        ["#1", "#1", "12", "queued", "–", "0"],
+    ]

@@ -169,12 +169,7 @@ class JobRecorder:
 
     def on_batch(self, batch: TrialBatch) -> None:
         """A measured batch of one task: its trial count and best latency, and the job's progress."""
-        task = self.tasks[batch.task_index]
-        valid = [lat for lat in batch.latencies_us if lat is not None]
-        best = min([*valid, task.best_latency_us] if task.best_latency_us else valid, default=None)
-        task = self.store.update_task(
-            task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best
-        )
+        task = add_batch(self.store, self.tasks[batch.task_index], batch)
         self.tasks[batch.task_index] = task
         if batch.measured_on:  # the RPC servers that measured it: the devices page's "in use by"
             if self._device_key is None:
@@ -278,3 +273,11 @@ class TuningClock:
     def remaining_s(self) -> float | None:
         """Seconds left of the budget (can be negative), or None without a time budget."""
         return None if self.budget_s is None else self.budget_s - self.elapsed_s()
+
+
+def add_batch(store: Store, task: Task, batch: TrialBatch) -> Task:
+    """``task`` with a measured batch of it added (its trials, and its best latency if the batch beat it),
+    as stored."""
+    valid = [lat for lat in batch.latencies_us if lat is not None]
+    best = min([*valid, task.best_latency_us] if task.best_latency_us else valid, default=None)
+    return store.update_task(task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best)

@@ -26,6 +26,7 @@ from tuner.entities import Job, Task, TaskGroup, TaskGroupStatus
 from tuner.errors import KilnError
 from tuner.jobs.heartbeat import Heartbeat
 from tuner.jobs.measuring import measure_config, measuring_host_limits
+from tuner.jobs.recorder import add_batch
 from tuner.metaschedule.callback import TrialBatch
 from tuner.metaschedule.cost_model import load_cost_model
 from tuner.metaschedule.database import KilnDatabase
@@ -224,35 +225,10 @@ class GroupProgress:
         self.store, self.job, self.tasks, self.on_measured = store, job, tasks, on_measured
 
     def on_batch(self, batch: TrialBatch) -> None:
-        task = self.tasks[batch.task_index]
-        valid = [lat for lat in batch.latencies_us if lat is not None]
-        best = min([*valid, task.best_latency_us] if task.best_latency_us else valid, default=None)
-        task = self.store.update_task(
-            task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best
-        )
+        task = add_batch(self.store, self.tasks[batch.task_index], batch)
         self.tasks[batch.task_index] = task
         if batch.measured_on:
             self.store.note_server_use(self.job.id, self.job.spec.runner.key or "?", batch.measured_on)
         done = self.store.refresh_job_progress(self.job.id)
         if self.on_measured is not None:
             self.on_measured(task, done)
-
-
-class JobStillRunning:
-    """``should_stop`` of a helper's group: true once its job is cancelled or no longer running."""
-
-    def __init__(self, store: Store, job_id: str, every_s: float = 1.0) -> None:
-        self.store, self.job_id, self.every_s = store, job_id, every_s
-        self._checked_at = 0.0
-        self._stop = False
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if not self._stop and now - self._checked_at >= self.every_s:
-            self._checked_at = now
-            try:
-                job = self.store.get_job(self.job_id)
-            except Exception:
-                return False
-            self._stop = job.cancel_requested or job.status.finished
-        return self._stop

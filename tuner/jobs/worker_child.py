@@ -25,9 +25,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 class _StopCheck:
-    """``should_stop`` of a job's tuning: true once the job is cancelled or no longer this worker's."""
+    """``should_stop`` of a job's tuning: true once the job is cancelled or no longer running, or (given a
+    ``worker``) no longer that worker's. A split job's group, tuned by any worker, passes no worker."""
 
-    def __init__(self, store: Store, job_id: str, worker: str, every_s: float = 1.0) -> None:
+    def __init__(self, store: Store, job_id: str, worker: str | None, every_s: float = 1.0) -> None:
         self.store, self.job_id, self.worker, self.every_s = store, job_id, worker, every_s
         self._checked_at = 0.0
         self._stop = False
@@ -41,7 +42,9 @@ class _StopCheck:
             except Exception:
                 return False
             self._stop = (
-                job.cancel_requested or job.status is not JobStatus.RUNNING or job.worker != self.worker
+                job.cancel_requested
+                or job.status is not JobStatus.RUNNING
+                or (self.worker is not None and job.worker != self.worker)
             )
         return self._stop
 
@@ -68,7 +71,7 @@ def serve_one() -> None:
 
     from tuner.isolation.fatal_signals import report_fatal_signals
     from tuner.jobs.pipeline import execute_job
-    from tuner.jobs.task_groups import JobStillRunning, tune_claimed_group
+    from tuner.jobs.task_groups import tune_claimed_group
 
     settings = Settings.model_validate_json(request["settings"])
     store = Store.from_settings(settings)
@@ -81,7 +84,7 @@ def serve_one() -> None:
         job = store.get_job(job_id)
         if group is not None:
             tune_claimed_group(
-                store, settings, job, group, worker=worker, should_stop=JobStillRunning(store, job_id)
+                store, settings, job, group, worker=worker, should_stop=_StopCheck(store, job_id, None)
             )
         else:
             execute_job(store, settings, job, should_stop=_StopCheck(store, job_id, worker))

@@ -38,9 +38,30 @@ export function jobHead() {
         stat("worker", job.worker || "–")),
       job.error ? errorBox({ kind: job.status, message: job.error }) : null,
       job.trials_note ? h("p", { class: "notice", id: "trials-note" }, job.trials_note) : null,
+      taskGroups(job),
       actions);
   }
   return { el, render, fail: (err) => fill(el, errorBox(err)) };
+}
+
+// A split job's groups of tasks: which worker tunes (or tuned) each, its share of the trials, and why a
+// group was requeued or gave up.
+function taskGroups(job) {
+  if (!job.task_groups || !job.task_groups.length) {
+    return job.workers > 1 ? h("p", { class: "muted", id: "task-groups" }, `Split over up to ${job.workers} workers once its tasks are known.`) : null;
+  }
+  return h("div", { id: "task-groups" },
+    h("h3", {}, `Tasks split over ${job.task_groups.length} groups`),
+    h("table", {},
+      h("thead", {}, h("tr", {}, h("th", {}, "Group"), h("th", {}, "Tasks"), h("th", { class: "num" }, "Trials"), h("th", {}, "Status"), h("th", {}, "Worker"), h("th", { class: "num" }, "Attempts"), h("th", {}, "Note"))),
+      h("tbody", {}, job.task_groups.map((g) => h("tr", { dataset: { group: g.index } },
+        h("td", {}, `#${g.index}`),
+        h("td", {}, g.task_indices.map((i) => `#${i}`).join(", ")),
+        h("td", { class: "num" }, g.trials ?? "time budget"),
+        h("td", {}, badge(g.status)),
+        h("td", {}, g.worker || "–"),
+        h("td", { class: "num" }, String(g.attempts)),
+        h("td", { class: "muted" }, g.error || ""))))));
 }
 
 export function latencyBars() {

@@ -84,6 +84,7 @@ function jobForm() {
   const minutes = h("input", { type: "number", id: "time-budget", min: 0, step: "any", placeholder: "no time limit" });
   const perTask = h("input", { type: "number", id: "per-task", min: 1, placeholder: "no cap" });
   const seed = h("input", { type: "number", id: "seed", min: 0, value: 0 });
+  const workers = h("input", { type: "number", id: "workers", min: 1, max: 64, value: 1 });
   const runner = h("select", { id: "runner" }, h("option", { value: "local" }, "local (measure on the worker)"));
   const costModel = h("select", { id: "cost-model" }, h("option", { value: "xgb" }, "XGBoost"), h("option", { value: "random" }, "random"));
   const space = h("select", { id: "space" },
@@ -138,6 +139,7 @@ function jobForm() {
     if (trials.value !== "") body.trials = Number(trials.value);
     if (minutes.value !== "" && Number(minutes.value) > 0) body.time_budget_s = Number(minutes.value) * 60;
     if (perTask.value) body.max_trials_per_task = Number(perTask.value);
+    if (Number(workers.value) > 1) body.workers = Number(workers.value);
     if (space.value) body.space = space.value;
     if (precision.value !== "as-is") body.precision = precision.value;
     if (runner.value.startsWith("rpc:")) {
@@ -160,7 +162,8 @@ function jobForm() {
       h("label", {}, "Trials (total budget; empty: no limit)", trials),
       h("label", {}, "Time budget (minutes)", minutes),
       h("label", {}, "At most per task", perTask),
-      h("label", {}, "Seed", seed)),
+      h("label", {}, "Seed", seed),
+      h("label", { title: "Split the job's tasks over this many workers: idle workers tune a group each" }, "Workers", workers)),
     h("div", { class: "row" }, h("label", {}, "Runner", runner), h("label", {}, "Cost model", costModel), h("label", {}, "Schedule space", space), h("label", {}, "Precision", precision)),
     h("div", { class: "actions" }, start),
     jobError);
