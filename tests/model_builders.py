@@ -6,6 +6,7 @@ module imports without the ``torch`` extra.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -269,6 +270,50 @@ def build_relu6_cnn(seed: int = 0, image_size: int = 16) -> onnx.ModelProto:
         inits,
     )
     return _model(graph)
+
+
+def build_encoder_block(
+    seq: int = 32, hidden: int = 64, heads: int = 2, ffn: int = 256, seed: int = 0
+) -> onnx.ModelProto:
+    """A BERT-style encoder block (input ``x`` [1, seq, hidden]): one fused QKV projection, attention over
+    ``heads`` heads, the output projection, LayerNorm, a GELU FFN, LayerNorm; exported by torch.onnx. Needs
+    torch."""
+    import math
+
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(hidden, 3 * hidden)
+            self.out = torch.nn.Linear(hidden, hidden)
+            self.norm1 = torch.nn.LayerNorm(hidden)
+            self.ffn = torch.nn.Sequential(
+                torch.nn.Linear(hidden, ffn), torch.nn.GELU(), torch.nn.Linear(ffn, hidden)
+            )
+            self.norm2 = torch.nn.LayerNorm(hidden)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            head = hidden // heads
+            q, k, v = self.qkv(x).reshape(1, seq, 3, heads, head).permute(2, 0, 3, 1, 4)
+            scores = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head), dim=-1)
+            attended = (scores @ v).transpose(1, 2).reshape(1, seq, hidden)
+            x = self.norm1(x + self.out(attended))
+            return self.norm2(x + self.ffn(x))
+
+    torch.manual_seed(seed)
+    buffer = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(
+            Encoder().eval(),
+            (torch.randn(1, seq, hidden),),
+            buffer,
+            input_names=["x"],
+            output_names=["y"],
+            dynamo=False,
+            opset_version=17,
+        )
+    return onnx.load_from_string(buffer.getvalue())
 
 
 def build_torch_relu6_cnn(seed: int = 0) -> torch.nn.Module:

@@ -17,7 +17,7 @@ from schedules.vnni import vnni_lanes
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, read_records_in_fresh_process, run_artifact_in_fresh_process
 from tests.host_jobs import run_host_job
-from tests.model_builders import build_bottleneck, build_mlp
+from tests.model_builders import build_bottleneck, build_encoder_block, build_mlp
 from tests.quant_models import (
     QuantSpec,
     build_qdq_net,
@@ -25,11 +25,14 @@ from tests.quant_models import (
     quantized_by_onnxruntime,
     reference_output,
 )
+from tuner.compile import LoadedModel, build_untuned
 from tuner.entities import JobSpec, JobStatus
 from tuner.errors import InvalidSpec
+from tuner.frontend import load_model
 from tuner.jobs.pipeline import run_job
 from tuner.jobs.submission import submit_job
 from tuner.model_registry import register_model
+from tuner.passes.plan import plan_graph
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target, to_tvm_target
@@ -179,6 +182,58 @@ def test_a_quantized_cnn_tunes_its_convolutions_on_amx_tiles(sqlite_store: Store
         tuned = best_schedule(sqlite_store, result.job, task).tir
         assert "llvm.x86.tdpbusd" in tuned, task.name
     x = np.random.default_rng(11).standard_normal((1, 64, 16, 16)).astype(np.float32)
+    got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
+    assert np.abs(got - reference_output(int8, x)).max() <= 1.001 * output_step(onnx.load(int8))
+
+
+#: The QDQ encoder block's four weight matmuls (QKV, output projection, FFN up and down): on AMX-INT8 tiles.
+ENCODER_AMX_MATMULS = [
+    "matmul 1x32x64 @ 64x192",
+    "matmul 1x32x64 @ 64x64",
+    "matmul 1x32x64 @ 64x256",
+    "matmul 1x32x256 @ 256x64",
+]
+ENCODER_SHAPE = (1, 32, 64)
+
+
+@pytest.mark.slow
+def test_an_int8_plan_for_an_amx_cpu_puts_a_quantized_encoders_matmuls_on_tiles(tmp_path: Path) -> None:
+    """A BERT-style block as users quantize it, planned for an AMX CPU (this one, or Sapphire Rapids built
+    here): its four weight matmuls on AMX-INT8 tiles, its GELU chain a table; the rewritten graph, built
+    plainly for this CPU, computes ONNX's reference semantics to the step."""
+    _, path = quantized_by_onnxruntime(build_encoder_block(), ENCODER_SHAPE, tmp_path, "encoder")
+    host = to_tvm_target(host_target())
+    amx = (
+        host
+        if has_amx_int8(host)
+        else to_tvm_target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+    )
+    plan = plan_graph(load_model(path).mod, amx)
+    assert plan.fusion.integer_kernels == "amx"
+    assert plan.fusion.amx_matmuls == ENCODER_AMX_MATMULS
+    assert "erf chain 1x32x256 int8 -> int8: 13 operators as a 256-entry table" in plan.fusion.integer_ops
+    assert sum("vnni_matmul" in task.task_name for task in plan.tasks) == 4
+    x = np.random.default_rng(3).standard_normal(ENCODER_SHAPE).astype(np.float32)
+    (got,) = LoadedModel(build_untuned(plan.prepared, host)).run([x])
+    assert np.abs(got - reference_output(path, x)).max() <= 1.001 * output_step(onnx.load(path))
+
+
+@pytest.mark.skipif(
+    not has_amx_int8(to_tvm_target(host_target())),
+    reason="this CPU has no AMX-INT8 (the test above plans the encoder for one and checks the rewritten graph)",
+)
+def test_a_quantized_encoder_job_runs_its_matmuls_on_amx_tiles(sqlite_store: Store, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=None)
+    _, int8 = quantized_by_onnxruntime(build_encoder_block(), ENCODER_SHAPE, tmp_path, "encoder")
+    result = run_host_job(sqlite_store, settings, int8, trials=32)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    assert all(c.ok for c in result.comparisons), result.comparisons
+    assert result.fusion.integer_kernels == "amx" and result.fusion.amx_matmuls == ENCODER_AMX_MATMULS
+    on_tiles = [t for t in result.tasks if "vnni_matmul" in t.name]
+    assert len(on_tiles) == 4, [t.name for t in result.tasks]
+    for task in on_tiles:  # as compiled into the model, tuned or not
+        assert "tdpbusd" in sqlite_store.get_task_assembly(task.id).text, task.name
+    x = np.random.default_rng(12).standard_normal(ENCODER_SHAPE).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
     assert np.abs(got - reference_output(int8, x)).max() <= 1.001 * output_step(onnx.load(int8))
 
