@@ -28,7 +28,7 @@ from tuner.jobs.heartbeat import Heartbeat
 from tuner.jobs.measuring import measure_config, measuring_host_limits
 from tuner.jobs.recorder import add_batch
 from tuner.metaschedule.callback import TrialBatch
-from tuner.metaschedule.cost_model import load_cost_model
+from tuner.metaschedule.cost_model import keep_cost_model, load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.settings import Settings
 from tuner.store.orm import utcnow
@@ -198,8 +198,6 @@ def tune_group(
     for index, stats in report.search_stats.items():
         store.set_search_stats(mine[index].id, stats)
     if cost_model is not None and group.index == 0:  # one group's model is kept for the next job
-        from tuner.metaschedule.cost_model import keep_cost_model
-
         keep_cost_model(
             store,
             cost_model,

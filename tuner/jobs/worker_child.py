@@ -1,6 +1,7 @@
-"""A job's tuning process (or a split job's task group's): forked from ``python -m tuner.jobs.worker_child --fork-server FD`` (which has
-loaded TVM, the importers and the tuner once, and run nothing), it reads its job and the settings on stdin
-and runs the job (:func:`tuner.jobs.pipeline.execute_job`); the worker that started it
+"""A job's tuning process: forked from ``python -m tuner.jobs.worker_child --fork-server FD`` (which has
+loaded TVM, the importers and the tuner once, and run nothing), it reads its job (or a split job's task
+group) and the settings on stdin and runs the job (:func:`tuner.jobs.pipeline.execute_job`) or tunes the
+group (:func:`tuner.jobs.task_groups.tune_claimed_group`); the worker that started it
 (:mod:`tuner.jobs.worker`) supervises it.
 """
 
