@@ -534,15 +534,23 @@ def test_cli_server_started_before_its_tracker_waits_for_it(tmp_path: Path) -> N
     key = "kiln-early"
     proc = _cli_server(f"127.0.0.1:{port}", key, tmp_path)
     try:
-        time.sleep(4.0)  # longer than it took the old server to give up
+        # The tracker starts once the server has found it missing (its start, loading TVM, can take longer
+        # than a fixed sleep on a busy machine) and then stayed up longer than the old server took to give up.
+        assert proc.stderr is not None
+        waited = ""
+        while "trying again for up to 60 s" not in waited:
+            line = proc.stderr.readline()
+            assert line, (waited, proc.communicate())  # it ended without saying it would wait
+            waited += line
+        time.sleep(4.0)
         assert proc.poll() is None, proc.communicate()
         with start_tracker("127.0.0.1", port) as late:
             assert _queue(late.address, key, free=1, wait_s=60.0) is not None, "server never registered"
             out, err = _stop(proc)
     finally:
         _kill(proc)
-    assert proc.returncode == 0, err
-    assert "trying again for up to 60 s" in err and f"registered at tracker 127.0.0.1:{port}" in out
+    assert proc.returncode == 0, waited + err
+    assert f"registered at tracker 127.0.0.1:{port}" in out
 
     impatient = subprocess.run(
         _kiln(
