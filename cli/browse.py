@@ -91,7 +91,7 @@ def ir(
 ) -> None:
     """Show a job's lowering: the program as imported, then after each graph pass with what it changed; or
     one level's program as TVMScript; or one kernel's assembly with its instruction mix."""
-    from tuner.views.inspection import ir_level, ir_levels
+    from tuner.views.lowering import ir_level, ir_levels
 
     store = open_store()
     job = store.get_job(job_id)
@@ -170,10 +170,9 @@ def export(
     job = store.get_job(job_id)
     out.mkdir(parents=True, exist_ok=True)
     if what == "artifact":
-        from tuner.jobs.pipeline import artifact_path
         from tuner.model_registry import artifact_file_name
 
-        src = artifact_path(store, job.id)
+        src = Path(store.get_artifact(job.id).path)
         dest = out / artifact_file_name(store.get_model(job.spec.model_id).name, job.id)
         shutil.copyfile(src, dest)
         console.print(f"artifact: {dest}")

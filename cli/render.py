@@ -59,8 +59,6 @@ def fmt(value: float | None, spec: str = ".1f", none: str = "-") -> str:
 def task_table(tasks: list[Task], title: str) -> Table:
     """A job's tasks: weight, work, trials, best latency, the GFLOP/s it reaches and where the compiled
     schedule came from (tuned, similar, rule, model, sampled, none)."""
-    from tuner.tune import gflops
-
     table = Table(title=title)
     for col in ("#", "task", "weight", "MFLOP", "trials", "best µs", "GFLOP/s", "schedule"):
         table.add_column(col, justify="left" if col in ("task", "schedule") else "right")
@@ -72,7 +70,7 @@ def task_table(tasks: list[Task], title: str) -> Table:
             f"{t.flops / 1e6:.3f}",
             str(t.trials),
             fmt(t.best_latency_us),
-            fmt(gflops(t.flops, t.best_latency_us)),
+            fmt(t.gflops),
             t.schedule_source or "-",
         )
     return table

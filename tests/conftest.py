@@ -26,6 +26,10 @@ POSTGRES_URL_ENV = "KILN_TEST_DATABASE_URL"
 # what the tests check. tests/integration/test_latency_report.py asks for several rounds, and the CLI's
 # subprocesses inherit this.
 os.environ.setdefault("KILN_LATENCY_ROUNDS", "1")
+# No kernel-by-kernel profile of a finished job (two profiled processes, ~3 s a job) unless a test asks for
+# one: the tests that check profiles (test_profile.py, the jobs API's, the CLI's `kiln profile`, the
+# dashboard's, whose `kiln serve` keeps every default) set a budget of their own.
+os.environ.setdefault("KILN_PROFILE_BUDGET_S", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -624,10 +624,3 @@ def _task_loggers(work_dir: Path, task_names: list[str]) -> list[logging.Logger]
         logger_config={"handlers": console, "loggers": loggers},
     )
     return [ms.logging.get_logger(n) for n in names]
-
-
-def gflops(flops: float, latency_us: float | None) -> float | None:
-    """Throughput of a kernel, or None when unknown."""
-    if not latency_us or not flops or math.isnan(latency_us):
-        return None
-    return flops / (latency_us * 1e-6) / 1e9

@@ -55,7 +55,7 @@ from tuner.rpc.tracker import allowed_tracker
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.timing.profile_check import job_profile as profile_of_job
-from tuner.views import inspection
+from tuner.views import inspection, lowering
 from tuner.views.inspection import best_schedule, plan_model, task_tir
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -226,7 +226,7 @@ async def job_graph(request: Request, job_id: str, state: StateDep, owner: Owner
 )
 def job_ir_levels(job_id: str, state: StateDep, owner: OwnerDep) -> list[IrLevelOut]:
     job = state.store.get_job(job_id, owner)
-    return [IrLevelOut.from_entity(level) for level in inspection.ir_levels(state.store, job)]
+    return [IrLevelOut.from_entity(level) for level in lowering.ir_levels(state.store, job)]
 
 
 @router.get(
@@ -238,7 +238,7 @@ def job_ir_levels(job_id: str, state: StateDep, owner: OwnerDep) -> list[IrLevel
 )
 def job_ir_level(job_id: str, level: str, state: StateDep, owner: OwnerDep) -> IrLevelTextOut:
     job = state.store.get_job(job_id, owner)
-    return IrLevelTextOut.from_entity(inspection.ir_level(state.store, job, level))
+    return IrLevelTextOut.from_entity(lowering.ir_level(state.store, job, level))
 
 
 @router.get(

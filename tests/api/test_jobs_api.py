@@ -234,7 +234,7 @@ def test_a_tuned_job_exposes_tasks_curves_schedules_and_files(
     from kiln_tvm import ms
 
     job = _submit(client, mlp_model["id"], trials=16, seed=1)
-    worker = Worker(api_settings, "test-worker")
+    worker = Worker(api_settings.model_copy(update={"profile_budget_s": 2.0}), "test-worker")
     finished = worker.run_once()
     assert finished is not None and finished.id == job["id"]
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
 
+from tuner.entities import Task
 from tuner.errors import InvalidSpec
 from tuner.metaschedule.builder import BUILD_TIMEOUT_STEP_S, PooledBuilder, build_timeout
 from tuner.metaschedule.scheduler import KilnTaskScheduler
-from tuner.tune import Budget, _seed_phase_stop, gflops, trials_per_iter
+from tuner.tune import Budget, _seed_phase_stop, trials_per_iter
 
 
 def test_budget_rejects_negative_trials_and_zero_per_task_cap() -> None:
@@ -48,10 +50,14 @@ def test_rounds_shrink_for_small_budgets(trials: int, tasks: int, cap: int | Non
     assert trials_per_iter(Budget(trials, cap), tasks, preferred=16) == expected
 
 
-def test_gflops() -> None:
-    assert gflops(2e9, 1e6) == pytest.approx(2.0)
-    assert gflops(1e6, None) is None
-    assert gflops(0.0, 5.0) is None
+def test_a_tasks_gflops_are_its_flops_over_its_best_latency_or_none_while_unknown() -> None:
+    def task(flops: float, latency_us: float | None) -> Task:
+        return Task(1, "j", 1, "t", 1, flops, "h", best_latency_us=latency_us)
+
+    assert task(2e9, 1e6).gflops == pytest.approx(2.0)
+    assert task(1e6, None).gflops is None
+    assert task(0.0, 5.0).gflops is None
+    assert task(1e6, math.nan).gflops is None
 
 
 def test_the_seeds_stop_when_cancelled_or_past_their_share_of_the_time_left() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -277,9 +278,10 @@ class Task:
 
     @property
     def gflops(self) -> float | None:
-        if self.best_latency_us and self.flops:
-            return self.flops / (self.best_latency_us * 1e-6) / 1e9
-        return None
+        """The throughput of its best schedule, or None while unknown (no latency, or a NaN one)."""
+        if not self.best_latency_us or not self.flops or math.isnan(self.best_latency_us):
+            return None
+        return self.flops / (self.best_latency_us * 1e-6) / 1e9
 
 
 @dataclass(frozen=True)

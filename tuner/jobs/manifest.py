@@ -15,7 +15,6 @@ from tuner.frontend import ImportedModel
 from tuner.passes.plan import GraphPlan
 from tuner.settings import Settings
 from tuner.timing.verify import Comparison, Latencies
-from tuner.tune import gflops
 
 
 def job_manifest(
@@ -82,7 +81,7 @@ def job_manifest(
                 "workload_hash": t.workload_hash,
                 "trials": t.trials,
                 "best_latency_us": t.best_latency_us,
-                "gflops": gflops(t.flops, t.best_latency_us),
+                "gflops": t.gflops,
                 "search_stats": t.search_stats,
                 "schedule_source": t.schedule_source,
             }

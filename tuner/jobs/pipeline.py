@@ -425,8 +425,3 @@ def _float_reference(store: Store, settings: Settings, spec: JobSpec, target: An
             max_unpacked_bytes=settings.max_unpacked_mb << 20,
         )
     return float_reference(info.name, imported, target)
-
-
-def artifact_path(store: Store, job_id: str) -> Path:
-    """Path of a succeeded job's packed artifact."""
-    return Path(store.get_artifact(job_id).path)

@@ -16,7 +16,6 @@ from schedules.poly.caches import UNKNOWN, CacheHierarchy, parse_cache_spec
 from schedules.poly.report import tiling_report
 from tuner.entities import (
     FusionSummary,
-    IrLevel,
     Job,
     ModelInfo,
     ModelPlan,
@@ -249,32 +248,12 @@ def task_tir(store: Store, task: Task) -> str:
     return store.get_workload_script(task.workload_id)
 
 
-def ir_levels(store: Store, job: Job) -> list[IrLevel]:
-    """A job's lowering levels without their texts; :class:`NotFound` when it has recorded none."""
-    levels = store.list_ir_levels(job.id)
-    if not levels:
-        raise NotFound(f"job '{job.id}' has recorded no lowering levels yet (a job records them as it plans)")
-    return levels
-
-
-def ir_level(store: Store, job: Job, level: str) -> IrLevel:
-    """One level of a job's lowering with its text, by position or pass name (the first of that name)."""
-    levels = ir_levels(store, job)
-    found = next((lv for lv in levels if str(lv.position) == level or lv.name == level), None)
-    if found is None:
-        names = ", ".join(f"{lv.position} {lv.name}" for lv in levels)
-        raise NotFound(f"job '{job.id}' has no lowering level {level!r}; its levels: {names}")
-    return store.get_ir_level(job.id, found.position)
-
-
 __all__ = [
     "BestSchedule",
     "JobCurve",
     "JobCurvePoint",
     "TaskCurvePoint",
     "best_schedule",
-    "ir_level",
-    "ir_levels",
     "job_curve",
     "plan_model",
     "planned_task_polyhedral",
