@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tuner.entities import JobSpec, ModelFormat, ModelInfo, ModelSignature, TensorSpec
 from tuner.store import Store
 
@@ -41,3 +43,27 @@ def spec_for(model_id: str, **overrides: object) -> JobSpec:
 def add_job(store: Store, sha: str = "a" * 64) -> str:
     model = store.find_model_by_sha256(sha) or add_model(store, sha)
     return store.create_job(spec_for(model.id), TARGET).id
+
+
+def add_record(
+    store: Store,
+    workload_id: int,
+    run_secs: list[float],
+    *,
+    job_id: str | None = None,
+    target_key: str = TARGET,
+    error: str | None = None,
+) -> int:
+    """A measured candidate of ``workload_id`` (a failed one: no ``run_secs``, an ``error``); its id."""
+    trace = [[["GetSBlock", [], ["C", "main"], ["b0"]]], [[4, [2, 2, 32, 4]]]]
+    return store.add_record(
+        workload_id=workload_id,
+        job_id=job_id,
+        target_key=target_key,
+        target_json=json.dumps({"kind": "llvm"}),
+        trace_json=json.dumps(trace),
+        run_secs=run_secs,
+        args_info_json="[]",
+        record_json=json.dumps([trace, run_secs, {"kind": "llvm"}, []]),
+        error=error,
+    )

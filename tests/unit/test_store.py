@@ -15,7 +15,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.exc import DBAPIError
 
-from tests.store_rows import SIGNATURE, add_job, add_model, spec_for
+from tests.store_rows import SIGNATURE, TARGET, add_job, add_model, add_record, spec_for
 from tuner.entities import (
     JobStatus,
     ModelFormat,
@@ -27,31 +27,7 @@ from tuner.store import Store, alembic_config
 from tuner.store.orm import Base, ModelRow, utcnow
 from tuner.store.sql import normalize_url
 
-TARGET = "llvm -mcpu=znver4 -num-cores=2"
 OTHER_TARGET = "llvm -mcpu=skylake-avx512 -num-cores=4"
-
-
-def add_record(
-    store: Store,
-    workload_id: int,
-    run_secs: list[float],
-    *,
-    job_id: str | None = None,
-    target_key: str = TARGET,
-    error: str | None = None,
-) -> int:
-    trace = [[["GetSBlock", [], ["C", "main"], ["b0"]]], [[4, [2, 2, 32, 4]]]]
-    return store.add_record(
-        workload_id=workload_id,
-        job_id=job_id,
-        target_key=target_key,
-        target_json=json.dumps({"kind": "llvm"}),
-        trace_json=json.dumps(trace),
-        run_secs=run_secs,
-        args_info_json="[]",
-        record_json=json.dumps([trace, run_secs, {"kind": "llvm"}, []]),
-        error=error,
-    )
 
 
 def assert_utc(value: object) -> None:

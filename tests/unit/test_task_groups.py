@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 
-from tests.store_rows import add_job
+from tests.store_rows import add_job, add_record
 from tuner.entities import JobSpec, JobStatus, Task, TaskGroupStatus
 from tuner.errors import InvalidSpec
-from tuner.jobs.task_groups import group_trials, split_tasks
+from tuner.jobs.task_groups import count_stored_records, group_trials, split_tasks
 from tuner.store import Store
 from tuner.store.orm import utcnow
 
@@ -153,3 +153,29 @@ def test_job_progress_is_the_sum_of_its_tasks_trials(store: Store) -> None:
     assert store.refresh_job_progress(job_id) == 9
     assert store.get_job(job_id).trials_done == 9
     assert store.get_job(job_id).status is JobStatus.QUEUED
+
+
+def test_a_group_taken_back_counts_the_records_its_lost_worker_stored_but_did_not_count(store: Store) -> None:
+    job_id = add_job(store)
+    workloads = [store.add_workload(f"h{i}", "[]", "script", None, "") for i in range(3)]
+    tasks = store.add_tasks(
+        job_id,
+        [{"name": f"t{i}", "weight": 1, "flops": 1.0, "workload_id": w} for i, w in enumerate(workloads)],
+    )
+    # t0: two batches of 2 counted, then a third stored (records committed) before its worker was killed.
+    for _ in range(5):
+        add_record(store, workloads[0], [1e-5], job_id=job_id)
+    store.update_task(tasks[0].id, trials=4, best_latency_us=10.0)
+    # t1: all it stored was counted, a failed candidate among them; t2: nothing measured yet.
+    add_record(store, workloads[1], [2e-5], job_id=job_id)
+    add_record(store, workloads[1], [], job_id=job_id, error="build failed")
+    store.update_task(tasks[1].id, trials=2, best_latency_us=20.0)
+    store.refresh_job_progress(job_id)
+    mine = [t for t in store.list_tasks(job_id)]
+
+    counted = count_stored_records(mine, store, job_id)
+    assert [t.trials for t in counted] == [5, 2, 0]
+    assert [t.best_latency_us for t in counted] == [10.0, 20.0, None]
+    assert [t.trials for t in store.list_tasks(job_id)] == [5, 2, 0]
+    assert store.get_job(job_id).trials_done == 7
+    assert count_stored_records(counted, store, job_id) == counted  # counted once

@@ -163,9 +163,8 @@ def tune_group(
     its tasks already have) and of the job's time; every record goes to the store as the job's."""
     spec = job.spec
     tasks = store.list_tasks(job.id)
-    mine = [tasks[i] for i in group.task_indices]
-    measured = store.job_trial_counts(job.id)
-    done = sum(measured.get(task.workload_id, 0) for task in mine)
+    mine = count_stored_records([tasks[i] for i in group.task_indices], store, job.id)
+    done = sum(task.trials for task in mine)
     trials_left = None if group.trials is None else max(0, group.trials - done)
 
     def time_left_s() -> float | None:
@@ -207,6 +206,23 @@ def tune_group(
             last=learnt_up_to,
             job_id=job.id,
         )
+
+
+def count_stored_records(tasks: list[Task], store: Store, job_id: str) -> list[Task]:
+    """``tasks`` with their trials counted from the job's records in the store. A worker killed between
+    storing a batch's records (one transaction each, as MetaSchedule commits them) and counting the batch
+    leaves its tasks' trials short of what they measured; the worker that takes their group back counts
+    the records, so that the tasks, the job's progress and its records agree."""
+    measured = store.job_trial_counts(job_id)
+    counted = [
+        store.update_task(task.id, trials=stored, best_latency_us=task.best_latency_us)
+        if (stored := measured.get(task.workload_id, 0)) > task.trials
+        else task
+        for task in tasks
+    ]
+    if counted != tasks:
+        store.refresh_job_progress(job_id)
+    return counted
 
 
 def _extracted(database: KilnDatabase, task: Task, target: Any) -> Any:
