@@ -171,9 +171,7 @@ def test_a_group_taken_back_counts_the_records_its_lost_worker_stored_but_did_no
     add_record(store, workloads[1], [], job_id=job_id, error="build failed")
     store.update_task(tasks[1].id, trials=2, best_latency_us=20.0)
     store.refresh_job_progress(job_id)
-    mine = [t for t in store.list_tasks(job_id)]
-
-    counted = count_stored_records(mine, store, job_id)
+    counted = count_stored_records(store.list_tasks(job_id), store, job_id)
     assert [t.trials for t in counted] == [5, 2, 0]
     assert [t.best_latency_us for t in counted] == [10.0, 20.0, None]
     assert [t.trials for t in store.list_tasks(job_id)] == [5, 2, 0]
