@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import SCHEDULE_ERRORS, Target, derived_object, ms, physical_core_count, s_tir
+from kiln_tvm import (
+    SCHEDULE_ERRORS,
+    Target,
+    derived_object,
+    ms,
+    physical_core_count,
+    register_cpu_tensor_intrinsics,
+    s_tir,
+)
 from tuner.entities import NewRecord, StoredCostModel
 from tuner.store.sql import Store
 
@@ -207,6 +215,11 @@ def _load(model: Any, tar: bytes) -> None:
 def _learn(model: Any, records: list[NewRecord], target: Target) -> int:
     """Teach ``model`` ``records`` (each replayed on its workload for its features), training it once at
     the end; returns how many it learnt."""
+    if not records:
+        return 0
+    # Before the first replay and TuneContext: a tensorized record replays only with Kiln's intrinsics
+    # registered, and a TuneContext made before imports all of TVM's (30-100 s, CUDA's mostly).
+    register_cpu_tensor_intrinsics(amx=any("kiln_amx_" in r.record_json for r in records))
     by_workload: dict[int, list[NewRecord]] = defaultdict(list)
     for record in records:
         by_workload[record.workload_id].append(record)
