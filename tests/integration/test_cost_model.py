@@ -3,14 +3,12 @@ model) to rank its first batch, and kept again with what that job measured."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
 
+from tests.cost_model_catch_up import catch_up_in_fresh_process
 from tests.host_jobs import run_host_job
 from tests.model_builders import build_mlp, build_small_cnn
 from tuner.entities import JobStatus
@@ -30,34 +28,6 @@ def _run(store: Store, settings: Settings, path: Path, trials: int):
     return result
 
 
-#: Loads the shared pool's cost model of a target (argv: database URL, target key) in a fresh process:
-#: the samples it learnt, the newest record among them, and whether TVM's CUDA intrinsics were parsed.
-CATCH_UP = """
-import json, sys
-
-from tuner.metaschedule.cost_model import load_cost_model
-from tuner.store import Store
-from tuner.targets import host_target, to_tvm_target
-
-store = Store(sys.argv[1])
-ranking, last = load_cost_model(store, to_tvm_target(host_target()), sys.argv[2], None)
-loaded = "tvm.s_tir.tensor_intrin.cuda" in sys.modules
-print(json.dumps({"learnt": ranking.model.data_size, "last": last, "gpu_intrinsics_loaded": loaded}))
-"""
-
-
-def _catch_up_in_fresh_process(settings: Settings, target_key: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", CATCH_UP, settings.resolved_database_url, target_key],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 def test_a_job_s_first_batch_is_ranked_by_the_cost_model_earlier_jobs_trained(
     sqlite_store: Store, settings: Settings, tmp_path: Path
 ) -> None:
@@ -72,7 +42,7 @@ def test_a_job_s_first_batch_is_ranked_by_the_cost_model_earlier_jobs_trained(
     assert WARMUP_SAMPLES <= kept.samples <= len(records)
     # A model that has not learnt them (the shared pool's: none is kept) catches up on every one of them,
     # in a process that has only just loaded TVM, with none of TVM's tensor intrinsics beyond the CPU's.
-    caught_up = _catch_up_in_fresh_process(settings, key)
+    caught_up = catch_up_in_fresh_process(settings.resolved_database_url, key)
     assert caught_up == {"learnt": len(records), "last": records[-1].id, "gpu_intrinsics_loaded": False}
 
     onnx.save(build_mlp(), str(tmp_path / "mlp.onnx"))

@@ -16,6 +16,7 @@ from schedules.amx import has_amx_int8
 from schedules.vnni import vnni_lanes
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, read_records_in_fresh_process, run_artifact_in_fresh_process
+from tests.cost_model_catch_up import catch_up_in_fresh_process
 from tests.host_jobs import run_host_job
 from tests.model_builders import build_bottleneck, build_encoder_block, build_mlp
 from tests.quant_models import (
@@ -121,6 +122,12 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
         assert any(intrinsic in trace for trace in records["traces"])
         unregistered = read_records_in_fresh_process(artifact, tmp_path, register=False)
         assert unregistered.returncode != 0 and f"{intrinsic}" in unregistered.stderr
+        # A job's cost model learns these records too, tensorized ones included, before it tunes.
+        key = result.job.target_key
+        stored = sqlite_store.records_since(key, 0)
+        assert any(intrinsic in r.record_json for r in stored)
+        caught_up = catch_up_in_fresh_process(settings.resolved_database_url, key)
+        assert caught_up == {"learnt": len(stored), "last": stored[-1].id, "gpu_intrinsics_loaded": False}
     else:
         assert manifest["tensor_intrinsics"] == [] and "kiln_intrinsics/" not in manifest["files"]
 
