@@ -28,6 +28,7 @@ from cli.render import (
     task_table,
 )
 from tuner.entities import DEFAULT_TRIALS, MAX_JOB_WORKERS, Job, JobSpec, ModelInfo, RunnerSpec, trial_budget
+from tuner.entities.job import check_cost_model, check_precision
 from tuner.errors import InvalidSpec, KilnError
 
 if TYPE_CHECKING:
@@ -131,10 +132,6 @@ def tune(
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
 ) -> None:
     """Tune a model and write a compiled, verified artifact."""
-    from tuner.isolation.fatal_signals import report_fatal_signals
-    from tuner.jobs.pipeline import run_job
-    from tuner.model_registry import artifact_file_name
-
     settings = current_settings()
     spec = _job_spec(
         target,
@@ -148,6 +145,11 @@ def tune(
         space=space,
         precision=precision,
     )
+    # Only now TVM (seconds): a spec refused above is refused at once.
+    from tuner.isolation.fatal_signals import report_fatal_signals
+    from tuner.jobs.pipeline import run_job
+    from tuner.model_registry import artifact_file_name
+
     store = open_store()
     info, job = _queue(
         store, model, spec, name=name, owner=owner, float_model=float_model, input_value=input_value
@@ -298,9 +300,12 @@ def _job_spec(
     space: str | None = None,
     precision: str = "as-is",
 ) -> JobSpec:
-    """The job the tune and submit options ask for, on a model not yet stored."""
+    """The job the tune and submit options ask for, on a model not yet stored; a cost model or precision
+    Kiln does not have is refused here, before TVM loads (the rest is checked by ``_queue``)."""
     from tuner.frontend import parse_input_shapes
 
+    check_cost_model(cost_model)
+    check_precision(precision)
     time_budget_s = None if time is None else parse_duration(time)
     return JobSpec(
         model_id="",

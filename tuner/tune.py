@@ -26,6 +26,7 @@ from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, default_space_name, get_space, space_for
 from schedules.transfer import transferred_schedules
 from tuner.entities import MachineLimits, RunnerSpec
+from tuner.entities.job import check_cost_model
 from tuner.errors import InvalidSpec
 from tuner.isolation.fatal_signals import report_fatal_signals_on_stderr
 from tuner.metaschedule.builder import PooledBuilder
@@ -155,16 +156,6 @@ def make_runner(config: MeasureConfig) -> Any:
     return make_rpc_runner(
         config.runner, _evaluator(config), calibrate=config.calibrate, servers=config.rpc_servers
     )
-
-
-#: The cost models a job may ask for.
-COST_MODELS = ("xgb", "random")
-
-
-def check_cost_model(name: str) -> None:
-    """Refuse a cost model Kiln does not have (at submit, not later on a worker)."""
-    if name not in COST_MODELS:
-        raise InvalidSpec(f"unknown cost model {name!r}; use one of {', '.join(map(repr, COST_MODELS))}")
 
 
 def make_cost_model(name: str, cores: int) -> Any:

@@ -116,7 +116,8 @@ def test_corrupt_model_exits_2_with_the_reason(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", ["submit", "tune"])
 def test_unknown_cost_model_exits_2_and_queues_nothing(tmp_path: Path, command: str) -> None:
-    done = kiln(command, str(MLP), "--trials", "4", "--cost-model", "foo", data_dir=tmp_path)
+    # Refused before TVM loads (the light probe exits 3 if it did): at once, not seconds later.
+    done = kiln(command, str(MLP), "--trials", "4", "--cost-model", "foo", data_dir=tmp_path, light=True)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "unknown cost model 'foo'" in done.stderr and "'xgb'" in done.stderr
     assert not (tmp_path / "models").exists()  # refused before the model was imported and stored
@@ -125,7 +126,7 @@ def test_unknown_cost_model_exits_2_and_queues_nothing(tmp_path: Path, command: 
 
 
 def test_unknown_precision_exits_2_before_storing_anything(tmp_path: Path) -> None:
-    done = kiln("tune", str(MLP), "--trials", "4", "--precision", "int4", data_dir=tmp_path)
+    done = kiln("tune", str(MLP), "--trials", "4", "--precision", "int4", data_dir=tmp_path, light=True)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "unknown precision 'int4'" in done.stderr and "bf16" in done.stderr
     assert not (tmp_path / "models").exists()

@@ -14,6 +14,23 @@ from tuner.errors import InvalidSpec
 
 DEFAULT_TRIALS = 64  # a job's trial budget when it gives neither trials nor a time budget
 MAX_JOB_WORKERS = 64  # the most workers one job's tasks may be split over
+#: The cost models a job may ask for (tuner.tune.make_cost_model).
+COST_MODELS = ("xgb", "random")
+#: The precision policies a job may ask for (tuner.passes.precision): ``as-is`` changes nothing; ``auto`` is
+#: ``bf16`` or ``as-is`` by the CPU.
+PRECISIONS = ("as-is", "auto", "bf16", "fp16")
+
+
+def check_cost_model(name: str) -> None:
+    """Refuse a cost model Kiln does not have (at submit, not later on a worker)."""
+    if name not in COST_MODELS:
+        raise InvalidSpec(f"unknown cost model {name!r}; use one of {', '.join(map(repr, COST_MODELS))}")
+
+
+def check_precision(policy: str) -> None:
+    """:class:`~tuner.errors.InvalidSpec` for a precision policy Kiln does not know."""
+    if policy not in PRECISIONS:
+        raise InvalidSpec(f"unknown precision {policy!r}; choose one of {', '.join(PRECISIONS)}")
 
 
 def trial_budget(trials: int | None, time_budget_s: float | None) -> int | None:

@@ -7,20 +7,21 @@ from typing import Any
 
 from schedules.spaces import check_space, default_space_name
 from tuner.entities import Job, JobSpec, ModelInfo
+from tuner.entities.job import check_cost_model, check_precision
 from tuner.errors import InvalidSpec, MissingInputShape
 from tuner.frontend import check_given_shape
 from tuner.passes.plan_keys import preview_refusal
-from tuner.passes.precision import check_precision
 from tuner.rpc.tracker import validate_runner
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, check_runs_here, resolve_target, to_tvm_target
-from tuner.tune import Budget, check_cost_model
+from tuner.tune import Budget
 
 
 def validate_spec(spec: JobSpec) -> dict[str, Any]:
     """The checks of a job spec that need no model: the target (and that the local runner can run it
-    here), the budget, the cost model and the runner. Returns the resolved target."""
+    here), the budget, the cost model, the precision, the space and the runner. Returns the resolved
+    target."""
     target = resolve_target(spec.target)
     Budget(spec.trials, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
     check_cost_model(spec.cost_model)

@@ -25,12 +25,10 @@ from typing import Any
 from kiln_tvm import Target, relax, tvm
 from schedules.amx import has_amx_bf16
 from schedules.vnni import has_avx512_bf16
-from tuner.errors import InvalidSpec
+from tuner.entities.job import check_precision
 from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
 
-#: The policies a job may ask for; ``as-is`` changes nothing; ``auto`` is ``bf16`` or ``as-is`` by the CPU.
-PRECISIONS = ("as-is", "auto", "bf16", "fp16")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 #: Per policy, the largest norm-wise relative error of an output against the float32 reference
 #: (``||a - e|| / ||e||``) that verification accepts. A bf16 operand carries a relative rounding error up to
@@ -38,12 +36,6 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 #: deep compound it: 16 unit roundoffs leaves room for a deep model and still fails a wrong kernel
 #: (whose error is of the order of the output itself).
 RELATIVE_TOLERANCE = {"bf16": 16 * 2.0**-8, "fp16": 16 * 2.0**-11}
-
-
-def check_precision(policy: str) -> None:
-    """:class:`~tuner.errors.InvalidSpec` for a policy Kiln does not know."""
-    if policy not in PRECISIONS:
-        raise InvalidSpec(f"unknown precision {policy!r}; choose one of {', '.join(PRECISIONS)}")
 
 
 def native_bf16(target: Target) -> list[str]:
