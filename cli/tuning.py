@@ -145,15 +145,14 @@ def tune(
         space=space,
         precision=precision,
     )
-    # Only now TVM (seconds): a spec refused above is refused at once.
-    from tuner.isolation.fatal_signals import report_fatal_signals
-    from tuner.jobs.pipeline import run_job
-    from tuner.model_registry import artifact_file_name
-
     store = open_store()
     info, job = _queue(
         store, model, spec, name=name, owner=owner, float_model=float_model, input_value=input_value
     )
+    from tuner.isolation.fatal_signals import report_fatal_signals
+    from tuner.jobs.pipeline import run_job
+    from tuner.model_registry import artifact_file_name
+
     console.print(
         f"model [bold]{info.name}[/] ({info.sha256[:12]}), job [bold]{job.id}[/] on {job.target_key}"
     )
@@ -336,14 +335,15 @@ def _queue(
     from, whose top-1 the accuracy report compares with) with the ``--input-value`` bindings, and queue
     the job on it.
 
-    A bad spec fails before the model is imported, so nothing is stored for it.
+    A bad spec fails before the model is imported, so nothing is stored for it; an unknown owner before
+    TVM loads (seconds), as :func:`_job_spec` refuses a bad cost model or precision.
     """
+    _check_owner(store, owner)
     from tuner.frontend import parse_input_values
     from tuner.jobs.submission import submit_job, validate_spec
     from tuner.model_registry import register_model
 
     validate_spec(spec)
-    _check_owner(store, owner)
     shapes = dict(spec.input_shapes)
     values = parse_input_values(input_value or [])
     settings = current_settings()

@@ -125,6 +125,14 @@ def test_unknown_cost_model_exits_2_and_queues_nothing(tmp_path: Path, command: 
     assert jobs.returncode == 0 and "foo" not in jobs.stdout
 
 
+@pytest.mark.parametrize("command", ["submit", "tune"])
+def test_an_owner_without_a_token_is_refused_before_tvm_loads(tmp_path: Path, command: str) -> None:
+    done = kiln(command, str(MLP), "--trials", "0", "--owner", "erin", data_dir=tmp_path, light=True)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no API token is named 'erin'" in " ".join(done.stderr.split())  # rich wraps long lines
+    assert not (tmp_path / "models").exists()
+
+
 def test_unknown_precision_exits_2_before_storing_anything(tmp_path: Path) -> None:
     done = kiln("tune", str(MLP), "--trials", "4", "--precision", "int4", data_dir=tmp_path, light=True)
     assert done.returncode == 2, done.stdout + done.stderr
