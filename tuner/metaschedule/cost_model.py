@@ -228,12 +228,14 @@ def _learn(model: Any, records: list[NewRecord], target: Target) -> int:
         workload = ms.database.Workload.from_json(json.loads(group[0].workload_json))
         candidates, results = [], []
         for record in group:
-            tuning = ms.database.TuningRecord.from_json(json.loads(record.record_json), workload)
             sch = s_tir.Schedule(workload.mod)
             try:
+                tuning = ms.database.TuningRecord.from_json(json.loads(record.record_json), workload)
                 tuning.trace.apply_to_schedule(sch, remove_postproc=False)
             except SCHEDULE_ERRORS:
-                continue  # a trace of an older Kiln that no longer replays: nothing to learn from it
+                # A record this process cannot replay (an older Kiln's trace; an intrinsic it does not
+                # have, from a newer worker on a shared database): nothing to learn from it.
+                continue
             candidates.append(ms.MeasureCandidate(sch, tuning.args_info))
             results.append(ms.runner.RunnerResult(run_secs=tuning.run_secs, error_msg=None))
         if candidates:

@@ -1,0 +1,37 @@
+"""A cost model catching up on the store's records: what it cannot replay it skips, the rest it learns."""
+
+from __future__ import annotations
+
+import json
+
+from kiln_tvm import tuning_record_json
+from tests.unit.test_ms_database import TARGET_KEY, make_record, matmul, target
+from tuner.metaschedule.cost_model import load_cost_model
+from tuner.metaschedule.database import KilnDatabase
+from tuner.store import Store
+
+
+def test_a_record_naming_an_intrinsic_this_process_lacks_is_skipped_and_the_rest_learnt(store: Store) -> None:
+    db = KilnDatabase(store, TARGET_KEY)
+    mods = [matmul(16), matmul(32)]
+    for mod in mods:
+        db.commit_tuning_record(make_record(mod, [1e-4]))
+    # As a newer worker on a shared database would store it: a trace tensorizing with an intrinsic this
+    # Kiln does not register. Its workload is one of the two above.
+    foreign = tuning_record_json(make_record(mods[0], [5e-5]))
+    block = ["GetSBlock", [], ["C", "main"], ["b0"]]
+    foreign[0] = [[block, ["Tensorize", ["b0"], ["kiln_from_a_newer_kiln", 1], []]], []]
+    store.add_record(
+        workload_id=db.commit_workload_id(mods[0]),
+        job_id=None,
+        target_key=TARGET_KEY,
+        target_json=json.dumps(foreign[2]),
+        trace_json=json.dumps(foreign[0]),
+        run_secs=[5e-5],
+        args_info_json=json.dumps(foreign[3]),
+        record_json=json.dumps(foreign),
+    )
+    ranking, last = load_cost_model(store, target(), TARGET_KEY, None)
+    stored = store.records_since(TARGET_KEY, 0)
+    assert len(stored) == 3 and last == stored[-1].id  # past the foreign record: not retried each job
+    assert ranking.model.data_size == 2
