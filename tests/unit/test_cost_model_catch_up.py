@@ -1,8 +1,11 @@
-"""A cost model catching up on the store's records: what it cannot replay it skips, the rest it learns."""
+"""A record this Kiln cannot read (a tensor intrinsic it does not register, stored by a newer worker on a
+shared database) is left out by whatever reads the store's records: the cost model catching up, the
+search's and the compile's queries for a workload's best records."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from kiln_tvm import tuning_record_json
 from tests.unit.test_ms_database import TARGET_KEY, make_record, matmul, target
@@ -11,7 +14,9 @@ from tuner.metaschedule.database import KilnDatabase
 from tuner.store import Store
 
 
-def test_a_record_naming_an_intrinsic_this_process_lacks_is_skipped_and_the_rest_learnt(store: Store) -> None:
+def _store_with_a_foreign_record(store: Store) -> tuple[KilnDatabase, list[Any]]:
+    """Two workloads with a readable record each, the first also with a faster one naming an intrinsic
+    this Kiln does not have."""
     db = KilnDatabase(store, TARGET_KEY)
     mods = [matmul(16), matmul(32)]
     for mod in mods:
@@ -31,7 +36,20 @@ def test_a_record_naming_an_intrinsic_this_process_lacks_is_skipped_and_the_rest
         args_info_json=json.dumps(foreign[3]),
         record_json=json.dumps(foreign),
     )
+    return db, mods
+
+
+def test_a_record_naming_an_intrinsic_this_process_lacks_is_skipped_and_the_rest_learnt(store: Store) -> None:
+    _store_with_a_foreign_record(store)
     ranking, last = load_cost_model(store, target(), TARGET_KEY, None)
     stored = store.records_since(TARGET_KEY, 0)
     assert len(stored) == 3 and last == stored[-1].id  # past the foreign record: not retried each job
     assert ranking.model.data_size == 2
+
+
+def test_the_best_records_of_a_workload_leave_out_one_this_kiln_cannot_read(store: Store) -> None:
+    db, mods = _store_with_a_foreign_record(store)
+    workload = db.commit_workload(mods[0])
+    (best,) = db.get_top_k(workload, 2)  # the foreign record is faster, and left out
+    assert [float(x) for x in best.run_secs] == [1e-4]
+    assert len(db.get_all_tuning_records()) == 2 and len(db) == 3

@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from kiln_tvm import derived_object, ms, structural_equal, structural_hash, tuning_record_json, tvm
+from kiln_tvm import (
+    SCHEDULE_ERRORS,
+    derived_object,
+    ms,
+    structural_equal,
+    structural_hash,
+    tuning_record_json,
+    tvm,
+)
 from schedules.transfer import anchor_family, iteration_extents, shape_distance, within_reach, workload_family
 from tuner.entities import StoredWorkload
 from tuner.store.sql import Store
@@ -231,20 +239,32 @@ class KilnDatabase(ms.database.PyDatabase):
         if found is None:
             return []
         rows = self.store.top_records(found[0], self.target_key, top_k, self.owner, self.max_record_id)
-        return [TuningRecord.from_json(json.loads(row), workload) for row in rows]
+        return _readable((row, workload) for row in rows)
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
         """Every record (valid or failed) of this database's target, in commit order."""
-        return [
-            TuningRecord.from_json(
-                json.loads(row.record_json), self._load(row.workload_id, row.workload_json)
-            )
+        return _readable(
+            (row.record_json, self._load(row.workload_id, row.workload_json))
             for row in self.store.all_records(self.target_key, owner=self.owner)
-        ]
+        )
 
     def __len__(self) -> int:
         """Number of records of this database's target."""
         return self.store.count_records(target_key=self.target_key, owner=self.owner)
+
+
+def _readable(rows: Iterable[tuple[str, Workload]]) -> list[TuningRecord]:
+    """The records of ``rows`` (record JSON, workload) this process can read. One it cannot (a tensor
+    intrinsic it does not register, from a newer worker on a shared database) is left out with a warning:
+    it must not fail the search or the compile that asked for the workload's records."""
+    records = []
+    for record_json, workload in rows:
+        try:
+            records.append(TuningRecord.from_json(json.loads(record_json), workload))
+        except SCHEDULE_ERRORS as exc:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[-1]
+            log.warning("a stored record this Kiln cannot read is left out: %s", reason)
+    return records
 
 
 __all__ = ["KilnDatabase", "OnCommit"]
