@@ -1,14 +1,16 @@
 """A record this Kiln cannot read (a tensor intrinsic it does not register, stored by a newer worker on a
 shared database) is left out by whatever reads the store's records: the cost model catching up, the
-search's and the compile's queries for a workload's best records."""
+search's and the compile's queries for a workload's best records, the export of records."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from kiln_tvm import tuning_record_json
 from tests.unit.test_ms_database import TARGET_KEY, make_record, matmul, target
+from tuner.jobs.artifact import write_records
 from tuner.metaschedule.cost_model import load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.store import Store
@@ -53,3 +55,10 @@ def test_the_best_records_of_a_workload_leave_out_one_this_kiln_cannot_read(stor
     (best,) = db.get_top_k(workload, 2)  # the foreign record is faster, and left out
     assert [float(x) for x in best.run_secs] == [1e-4]
     assert len(db.get_all_tuning_records()) == 2 and len(db) == 3
+
+
+def test_exported_records_leave_out_one_this_kiln_cannot_read(store: Store, tmp_path: Path) -> None:
+    _store_with_a_foreign_record(store)
+    assert write_records(store.all_records(TARGET_KEY), tmp_path, per_workload=2) == 2  # one per workload
+    written = (tmp_path / "database_tuning_record.json").read_text()
+    assert len(written.splitlines()) == 2 and "kiln_from_a_newer_kiln" not in written

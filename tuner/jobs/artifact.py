@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from kiln_tvm import ms
 from kiln_tvm.x86_amx import permission_constructor_object
 from tuner.entities import StoredRecord
 from tuner.intrinsics_module import PACKAGE, intrinsics_used, write_intrinsics_package
+from tuner.metaschedule.database import readable_record
 
 RECORDS_PER_WORKLOAD = 32
 
@@ -116,8 +118,9 @@ def write_records(rows: list[StoredRecord], dest: Path, per_workload: int = RECO
     for entries in by_workload.values():
         entries.sort(key=lambda e: e[0])
         workload = jdb.commit_workload(ms.database.Workload.from_json(json.loads(entries[0][1])).mod)
-        for _, _, rjson in entries[:per_workload]:
-            jdb.commit_tuning_record(ms.database.TuningRecord.from_json(json.loads(rjson), workload))
+        readable = (readable_record(rjson, workload) for _, _, rjson in entries)
+        for record in itertools.islice((r for r in readable if r is not None), per_workload):
+            jdb.commit_tuning_record(record)
             written += 1
     return written
 

@@ -253,18 +253,21 @@ class KilnDatabase(ms.database.PyDatabase):
         return self.store.count_records(target_key=self.target_key, owner=self.owner)
 
 
+def readable_record(record_json: str, workload: Workload) -> TuningRecord | None:
+    """The stored record ``record_json`` of ``workload``, or None (with a warning) when this process cannot
+    read it: a tensor intrinsic it does not register, from a newer worker on a shared database. Such a
+    record must not fail the search, the compile or the export that asked for a workload's records."""
+    try:
+        return TuningRecord.from_json(json.loads(record_json), workload)
+    except SCHEDULE_ERRORS as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[-1]
+        log.warning("a stored record this Kiln cannot read is left out: %s", reason)
+        return None
+
+
 def _readable(rows: Iterable[tuple[str, Workload]]) -> list[TuningRecord]:
-    """The records of ``rows`` (record JSON, workload) this process can read. One it cannot (a tensor
-    intrinsic it does not register, from a newer worker on a shared database) is left out with a warning:
-    it must not fail the search or the compile that asked for the workload's records."""
-    records = []
-    for record_json, workload in rows:
-        try:
-            records.append(TuningRecord.from_json(json.loads(record_json), workload))
-        except SCHEDULE_ERRORS as exc:
-            reason = (str(exc).splitlines() or [type(exc).__name__])[-1]
-            log.warning("a stored record this Kiln cannot read is left out: %s", reason)
-    return records
+    """The records of ``rows`` (record JSON, workload) this process can read (:func:`readable_record`)."""
+    return [record for record in (readable_record(*row) for row in rows) if record is not None]
 
 
-__all__ = ["KilnDatabase", "OnCommit"]
+__all__ = ["KilnDatabase", "OnCommit", "readable_record"]
