@@ -1,6 +1,6 @@
 """A record this Kiln cannot read (a tensor intrinsic it does not register, stored by a newer worker on a
 shared database) is left out by whatever reads the store's records: the cost model catching up, the
-search's and the compile's queries for a workload's best records, the export of records."""
+search's and the compile's queries for a workload's best records, the export of records; a best schedule it cannot show is refused with the reason."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kiln_tvm import tuning_record_json
-from tests.unit.test_ms_database import TARGET_KEY, make_record, matmul, target
+from tests.unit.test_ms_database import TARGET_KEY, make_job, make_record, matmul, target
+from tuner.entities import Task
+from tuner.errors import Conflict
 from tuner.jobs.artifact import write_records
 from tuner.metaschedule.cost_model import load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.store import Store
+from tuner.views.inspection import best_schedule
 
 
 def _store_with_a_foreign_record(store: Store) -> tuple[KilnDatabase, list[Any]]:
@@ -62,3 +67,13 @@ def test_exported_records_leave_out_one_this_kiln_cannot_read(store: Store, tmp_
     assert write_records(store.all_records(TARGET_KEY), tmp_path, per_workload=2) == 2  # one per workload
     written = (tmp_path / "database_tuning_record.json").read_text()
     assert len(written.splitlines()) == 2 and "kiln_from_a_newer_kiln" not in written
+
+
+def test_a_best_schedule_this_kiln_cannot_read_is_refused_with_the_reason(store: Store) -> None:
+    db, mods = _store_with_a_foreign_record(store)
+    job = store.get_job(make_job(store))
+    task = Task(1, job.id, db.commit_workload_id(mods[0]), "matmul16", 1, 2 * 16**3, "hash")
+    with pytest.raises(Conflict, match="stored by a Kiln with a tensor intrinsic this one does not have"):
+        best_schedule(store, job, task)  # the foreign record is the workload's fastest
+    other = Task(2, job.id, db.commit_workload_id(mods[1]), "matmul32", 1, 2 * 32**3, "hash")
+    assert best_schedule(store, job, other).latency_us == pytest.approx(100.0)

@@ -23,9 +23,10 @@ from tuner.entities import (
     Task,
     TaskInfo,
 )
-from tuner.errors import ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
+from tuner.errors import Conflict, ImporterCrashed, ImportTimeout, KilnError, NotFound, rebuild_error
 from tuner.isolation.sandbox import Cancelled, ModelSandbox
 from tuner.jobs.measuring import measuring_caches
+from tuner.metaschedule.database import readable_record
 from tuner.model_registry import model_file
 from tuner.passes.plan_keys import plan_key, plan_shapes
 from tuner.settings import Settings
@@ -159,7 +160,12 @@ def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) 
     register_cpu_tensor_intrinsics(amx="kiln_amx_" in found.record_json)
     record_data = json.loads(found.record_json)
     workload = ms.database.Workload.from_json(json.loads(found.workload_json))
-    record = ms.database.TuningRecord.from_json(record_data, workload)
+    record = readable_record(found.record_json, workload)
+    if record is None:
+        raise Conflict(
+            f"the best schedule of task '{task.name}' was stored by a Kiln with a tensor intrinsic this one "
+            "does not have (a newer worker on the same database): show it with that Kiln"
+        )
     sch = s_tir.Schedule(workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     latency_us = found.mean_run_sec * 1e6
@@ -208,8 +214,9 @@ def task_polyhedral(store: Store, settings: Settings, job: Job, task: Task) -> d
     best: list[dict[str, Any]] | None = None
     if found is not None:
         workload = ms.database.Workload.from_json(json.loads(found.workload_json))
-        record = ms.database.TuningRecord.from_json(json.loads(found.record_json), workload)
-        best = tiling_report(analysis.program, record.trace, caches, settings.poly_margin)
+        record = readable_record(found.record_json, workload)
+        if record is not None:  # else, stored by a newer Kiln: reported as no modelled tiling
+            best = tiling_report(analysis.program, record.trace, caches, settings.poly_margin)
     report["best_schedule"] = {
         "latency_us": found.mean_run_sec * 1e6 if found is not None else None,
         "tilings": best or [],
