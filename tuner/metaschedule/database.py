@@ -261,8 +261,13 @@ def readable_record(record_json: str, workload: Workload) -> TuningRecord | None
         return TuningRecord.from_json(json.loads(record_json), workload)
     except SCHEDULE_ERRORS as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[-1]
-        log.warning("a stored record this Kiln cannot read is left out: %s", reason)
+        if reason not in _unreadable_reasons:  # once per reason and process: searches ask every round
+            _unreadable_reasons.add(reason)
+            log.warning("stored records this Kiln cannot read are left out: %s", reason)
         return None
+
+
+_unreadable_reasons: set[str] = set()
 
 
 def _readable(rows: Iterable[tuple[str, Workload]]) -> list[TuningRecord]:
