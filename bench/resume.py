@@ -82,7 +82,7 @@ def _wait(what: str, condition: Any) -> float:
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def _claimed_by(store: Store, job_id: str, worker: str) -> Any:
+def _claimed_by(store: Store, job_id: str, worker: str) -> bool:
     job = store.get_job(job_id)
     return job.status is JobStatus.RUNNING and job.worker == worker
 

@@ -36,6 +36,7 @@ from kiln_tvm import (
     s_tir,
 )
 from tuner.entities import NewRecord, StoredCostModel
+from tuner.metaschedule.database import readable_record
 from tuner.store.sql import Store
 
 log = logging.getLogger(__name__)
@@ -228,14 +229,14 @@ def _learn(model: Any, records: list[NewRecord], target: Target) -> int:
         workload = ms.database.Workload.from_json(json.loads(group[0].workload_json))
         candidates, results = [], []
         for record in group:
+            tuning = readable_record(record.record_json, workload)  # None: a newer Kiln's intrinsic
+            if tuning is None:
+                continue
             sch = s_tir.Schedule(workload.mod)
             try:
-                tuning = ms.database.TuningRecord.from_json(json.loads(record.record_json), workload)
                 tuning.trace.apply_to_schedule(sch, remove_postproc=False)
             except SCHEDULE_ERRORS:
-                # A record this process cannot replay (an older Kiln's trace; an intrinsic it does not
-                # have, from a newer worker on a shared database): nothing to learn from it.
-                continue
+                continue  # a trace of an older Kiln that no longer replays: nothing to learn from it
             candidates.append(ms.MeasureCandidate(sch, tuning.args_info))
             results.append(ms.runner.RunnerResult(run_secs=tuning.run_secs, error_msg=None))
         if candidates:
