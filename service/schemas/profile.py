@@ -23,6 +23,14 @@ class MachineLimitsOut(EntityOut):
     vector_lanes: int = Field(description="fp32 lanes of the widest vector the target uses")
     ridge_intensity: float = Field(description="FLOP/byte where the two roofs meet")
     how: str = Field(description="How each figure was measured")
+    other_cpu_share: float | None = Field(
+        description="Largest share of all CPUs other processes used while a kept figure was measured"
+    )
+    disturbed: bool = Field(
+        description="Other processes kept the machine busy through every try: the figures may be low (the "
+        "next jobs measure them again, a few times, and keep each at its best)"
+    )
+    measurements: int = Field(description="How many measurements the figures are the best of")
     host: str = Field(description="The host name and target the figures are cached under")
     measured_at: datetime | None
 

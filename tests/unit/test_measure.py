@@ -13,7 +13,8 @@ import onnx
 import pytest
 
 from tuner.entities import LatencyReport, Timing
-from tuner.timing.side_by_side import OtherCpuSampler, busy_warnings, round_orders
+from tuner.timing.cpu_share import OtherCpuSampler
+from tuner.timing.side_by_side import busy_warnings, round_orders
 
 
 def test_rounds_rotate_so_that_nobody_always_runs_first() -> None:

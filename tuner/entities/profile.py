@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +33,12 @@ class MachineLimits:
     vector_lanes: int
     #: how each figure was measured, in words.
     how: str
+    #: the largest share of all CPUs other processes used while a figure kept here was measured (None where
+    #: it could not be read); ``disturbed`` when that was over the busy threshold even after retries.
+    other_cpu_share: float | None = None
+    disturbed: bool = False
+    #: how many measurements these figures are the best of (a disturbed one is measured again, a few times).
+    measurements: int = 1
     #: the machine and target these are of ("" until stored), and when they were measured.
     host: str = ""
     measured_at: datetime | None = None
@@ -42,6 +48,18 @@ class MachineLimits:
         out = asdict(self)
         out["measured_at"] = self.measured_at.isoformat() if self.measured_at else None
         return out
+
+    def best_of(self, again: MachineLimits) -> MachineLimits:
+        """These limits and ``again`` (a later measurement of the same machine) as one: each figure the
+        higher of the two, since another process only ever lowers one; disturbed only if both were."""
+        quiet = again if not again.disturbed else self
+        return replace(
+            quiet,
+            peak_gflops=max(self.peak_gflops, again.peak_gflops),
+            peak_gflops_one_thread=max(self.peak_gflops_one_thread, again.peak_gflops_one_thread),
+            bandwidth_gbs=max(self.bandwidth_gbs, again.bandwidth_gbs),
+            measurements=self.measurements + again.measurements,
+        )
 
     @property
     def ridge_intensity(self) -> float:

@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,8 @@ import numpy as np
 from forkserver import shared_fork_server
 from tuner.entities import LatencyReport, Timing
 from tuner.timing.calls import BUDGET_S
+from tuner.timing.cpu_share import BUSY_CPU_SHARE, OtherCpuSampler
 
-#: Other processes using more than this share of all CPUs while timing: the figures get a warning.
-BUSY_CPU_SHARE = 0.25
 #: Rounds of one implementation that differ by more than this (max - min over median): a warning.
 DISAGREEING_SPREAD = 0.25
 
@@ -136,48 +134,3 @@ def busy_warnings(timings: Mapping[str, Timing], other_cpu_share: float | None) 
                 "something else probably ran meanwhile"
             )
     return tuple(warnings)
-
-
-class OtherCpuSampler:
-    """How much of all CPUs processes other than this one and its children used since it was made.
-
-    Reads the machine's busy time from ``/proc/stat`` and subtracts this process's own CPU time, that of
-    its finished children, and what the caller says its other helpers used (the timing children are the
-    fork server's, not this process's); None where ``/proc/stat`` cannot be read (not Linux).
-    """
-
-    def __init__(self) -> None:
-        self._start = (time.monotonic(), _machine_busy_s(), _own_cpu_s())
-
-    def share(self, helpers_cpu_s: float = 0.0) -> float | None:
-        """The share of all CPUs used by others, ``helpers_cpu_s`` (CPU seconds of this process's helpers
-        that are not its children) not counted."""
-        wall0, busy0, own0 = self._start
-        busy1 = _machine_busy_s()
-        if busy0 is None or busy1 is None:
-            return None
-        wall = time.monotonic() - wall0
-        cpus = os.cpu_count() or 1
-        if wall <= 0:
-            return 0.0
-        other = (busy1 - busy0) - (_own_cpu_s() - own0) - helpers_cpu_s
-        return min(1.0, max(0.0, other / (wall * cpus)))
-
-
-def _machine_busy_s() -> float | None:
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu":
-        return None
-    # user nice system idle iowait irq softirq steal: everything but idle and iowait is busy.
-    values = [int(v) for v in fields[1:9]]
-    busy = sum(values) - values[3] - values[4]
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system

@@ -142,7 +142,7 @@ export function profileView(jobId) {
       return;
     }
     const l = profile.limits;
-    fill(machine, l ? `This machine (${l.host}): fp32 FMA peak ${l.peak_gflops.toFixed(1)} GFLOP/s on ${l.threads} thread(s), STREAM triad ${l.bandwidth_gbs.toFixed(1)} GB/s, ridge at ${l.ridge_intensity.toFixed(1)} FLOP/B. ${l.how}.` : "This machine's limits were not measured.");
+    fill(machine, l ? `This machine (${l.host}): fp32 FMA peak ${l.peak_gflops.toFixed(1)} GFLOP/s on ${l.threads} thread(s), STREAM triad ${l.bandwidth_gbs.toFixed(1)} GB/s, ridge at ${l.ridge_intensity.toFixed(1)} FLOP/B. ${l.how}.${l.disturbed ? ` Other processes used ${(100 * l.other_cpu_share).toFixed(0)} % of the CPUs through every try: these roofs may be low (best of ${l.measurements} measurement(s); the next jobs measure them again).` : ""}` : "This machine's limits were not measured.");
     if (l) rooflineChart(chart, hover, l, profile.kernels);
     const beside = profile.run_us ? `; the kernels ${profile.kernels_us.toFixed(1)} µs, ${(100 * profile.kernels_us / profile.run_us).toFixed(0)} % of the run timed beside them (${profile.run_us.toFixed(1)} µs)` : "";
     const measured = profile.latency_ms ? `; the job measured ${(profile.latency_ms * 1e3).toFixed(1)} µs` : "";
