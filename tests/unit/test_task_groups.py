@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.store_rows import add_job, add_record
+from tests.store_rows import TARGET, add_job, add_record
 from tuner.entities import JobSpec, JobStatus, Task, TaskGroupStatus
 from tuner.errors import InvalidSpec
 from tuner.jobs.task_groups import count_stored_records, group_trials, split_tasks
@@ -162,18 +162,19 @@ def test_a_group_taken_back_counts_the_records_its_lost_worker_stored_but_did_no
         job_id,
         [{"name": f"t{i}", "weight": 1, "flops": 1.0, "workload_id": w} for i, w in enumerate(workloads)],
     )
-    # t0: two batches of 2 counted, then a third stored (records committed) before its worker was killed.
-    for _ in range(5):
-        add_record(store, workloads[0], [1e-5], job_id=job_id)
+    # t0: two batches of 2 counted, then a third stored (records committed) before its worker was killed:
+    # the lost batch found t0's best, 5 us.
+    for run_sec in (1e-5, 1e-5, 1e-5, 1e-5, 5e-6):
+        add_record(store, workloads[0], [run_sec], job_id=job_id)
     store.update_task(tasks[0].id, trials=4, best_latency_us=10.0)
     # t1: all it stored was counted, a failed candidate among them; t2: nothing measured yet.
     add_record(store, workloads[1], [2e-5], job_id=job_id)
     add_record(store, workloads[1], [], job_id=job_id, error="build failed")
     store.update_task(tasks[1].id, trials=2, best_latency_us=20.0)
     store.refresh_job_progress(job_id)
-    counted = count_stored_records(store.list_tasks(job_id), store, job_id)
+    counted = count_stored_records(store.list_tasks(job_id), store, job_id, TARGET, None)
     assert [t.trials for t in counted] == [5, 2, 0]
-    assert [t.best_latency_us for t in counted] == [10.0, 20.0, None]
+    assert [t.best_latency_us for t in counted] == [pytest.approx(5.0), 20.0, None]
     assert [t.trials for t in store.list_tasks(job_id)] == [5, 2, 0]
     assert store.get_job(job_id).trials_done == 7
-    assert count_stored_records(counted, store, job_id) == counted  # counted once
+    assert count_stored_records(counted, store, job_id, TARGET, None) == counted  # counted once

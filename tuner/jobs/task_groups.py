@@ -162,8 +162,9 @@ def tune_group(
     """MetaSchedule over one group's tasks, within what is left of the group's trials (after the records
     its tasks already have) and of the job's time; every record goes to the store as the job's."""
     spec = job.spec
+    scope = settings.record_scope(job.owner)
     tasks = store.list_tasks(job.id)
-    mine = count_stored_records([tasks[i] for i in group.task_indices], store, job.id)
+    mine = count_stored_records([tasks[i] for i in group.task_indices], store, job.id, job.target_key, scope)
     done = sum(task.trials for task in mine)
     trials_left = None if group.trials is None else max(0, group.trials - done)
 
@@ -174,7 +175,6 @@ def tune_group(
     if trials_left == 0 or (remaining is not None and remaining <= 0):
         return
     target = to_tvm_target(spec.target)
-    scope = settings.record_scope(job.owner)
     database = KilnDatabase(store, job.target_key, job_id=job.id, owner=scope)
     config = measure_config(settings, spec)
     cost_model, learnt_up_to = (
@@ -208,14 +208,22 @@ def tune_group(
         )
 
 
-def count_stored_records(tasks: list[Task], store: Store, job_id: str) -> list[Task]:
+def count_stored_records(
+    tasks: list[Task], store: Store, job_id: str, target_key: str, scope: str | None
+) -> list[Task]:
     """``tasks`` with their trials counted from the job's records in the store. A worker killed between
     storing a batch's records (one transaction each, as MetaSchedule commits them) and counting the batch
-    leaves its tasks' trials short of what they measured; the worker that takes their group back counts
-    the records, so that the tasks, the job's progress and its records agree."""
+    leaves its tasks' trials short of what they measured, and their bests short of what it found; the
+    worker that takes their group back counts the records and reads each best from the store (as a
+    resumed job does, :meth:`JobRecorder.resumed_tasks`), so that the tasks, the job's progress and its
+    records agree. A count is only ever raised: the group's tasks are its own, counted as it measures."""
     measured = store.job_trial_counts(job_id)
     counted = [
-        store.update_task(task.id, trials=stored, best_latency_us=task.best_latency_us)
+        store.update_task(
+            task.id,
+            trials=stored,
+            best_latency_us=store.best_latency_us(task.workload_id, target_key, scope),
+        )
         if (stored := measured.get(task.workload_id, 0)) > task.trials
         else task
         for task in tasks
