@@ -144,6 +144,13 @@ def machine(
     console.print(table)
     measured = limits.measured_at.isoformat(timespec="seconds") if limits.measured_at else "now"
     console.print(f"{limits.how}; measured {measured} on {limits.host} (--measure: again)", highlight=False)
+    if limits.disturbed:
+        console.print(
+            f"[yellow]other processes used {100 * (limits.other_cpu_share or 0):.0f} % of the CPUs through every "
+            f"try: these figures may be low (best of {limits.measurements} measurement(s); the next jobs "
+            "measure them again)[/yellow]",
+            highlight=False,
+        )
 
 
 @db_app.command("upgrade")
