@@ -76,13 +76,6 @@ def test_a_tuned_cnn_is_profiled_kernel_by_kernel_under_the_roofline(
     low, high = plausible_peak_range(limits.vector_lanes, limits.threads)
     assert low <= limits.peak_gflops <= high, limits
     assert 1 <= limits.bandwidth_gbs <= 2000, limits
-    for conv in convs:
-        assert conv.flops and conv.bytes and conv.gflops and conv.intensity
-        assert conv.gflops > 0 and conv.intensity > 0
-        attainable = conv.attainable_gflops(limits)
-        assert attainable is not None and 0 < attainable <= limits.peak_gflops
-        # A kernel runs under the roofline (a little over it on a CPU that boosts one core's clock).
-        assert conv.gflops <= 1.25 * attainable, (conv, limits)
 
     # onnxruntime's own profile of the same model: each of its three convolutions matched to one of Kiln's.
     matched = [n.kernel for n in profile.onnxruntime_nodes if n.op in ("Conv", "FusedConv")]
@@ -91,7 +84,22 @@ def test_a_tuned_cnn_is_profiled_kernel_by_kernel_under_the_roofline(
     assert profile.onnxruntime_total_us and profile.onnxruntime_total_us > 0 and not profile.onnxruntime_note
     assert profile.onnxruntime_latency_ms and profile.onnxruntime_latency_ms > 0
 
-    # The machine's limits were measured once and kept: a second job reuses them.
+    # The machine's limits were measured once and kept: a second job reuses them. Limits measured while
+    # other processes kept the CPUs busy through every try are measured again, each figure kept at its best.
     again = submit_job(sqlite_store, JobSpec(model_id=model_id, target=host_target(), trials=0))
     assert run_job(sqlite_store, profiled, again.id).job.status is JobStatus.SUCCEEDED
-    assert sqlite_store.get_job_profile(again.id).limits == limits
+    best = sqlite_store.get_job_profile(again.id).limits
+    assert best is not None
+    if limits.disturbed:
+        assert best.measurements == 2 and best.peak_gflops >= limits.peak_gflops, (best, limits)
+    else:
+        assert best == limits
+
+    # Each convolution runs under the roofline of the best limits known (a little over it on a CPU that
+    # boosts one core's clock).
+    for conv in convs:
+        assert conv.flops and conv.bytes and conv.gflops and conv.intensity
+        assert conv.gflops > 0 and conv.intensity > 0
+        attainable = conv.attainable_gflops(best)
+        assert attainable is not None and 0 < attainable <= best.peak_gflops
+        assert conv.gflops <= 1.25 * attainable, (conv, best)

@@ -148,3 +148,41 @@ def test_a_helper_killed_mid_group_loses_only_its_batch_and_the_job_finishes(
     assert killed_at < _group_records(store, job.id, again) <= again.trials
     assert sum(_records_per_task(store, job.id).values()) == done.trials_done <= TRIALS
     _check_artifact(store, done, tmp_path)
+
+
+def test_a_helper_s_group_is_held_to_the_job_s_memory_limit_and_the_job_s_worker_finishes_it(
+    store: Store,
+    fault_settings: Settings,
+    split_job: Callable[[int], Job],
+    in_thread: Callable[[Worker], threading.Thread],
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    """A helper's tuning process is watched like the job's own: over the memory limit (the helper's is set
+    below what a tuning process needs), it is stopped, its group goes back to the queue with the limit's
+    reason, and the job's worker tunes it."""
+    if not database_url.startswith("sqlite"):
+        pytest.skip(
+            "the watch does not depend on the database; SQLite covers it (and both backends the queue)"
+        )
+    job = split_job(13)
+    owner = Worker(fault_settings, "owner", store)
+    owner_thread = in_thread(owner)
+    wait_for(lambda: store.task_groups(job.id), "the job's worker to split it")
+    starved = Worker(fault_settings.model_copy(update={"job_memory_mb": 256}), "starved", store)
+    helped = starved.run_once()
+    owner_thread.join(timeout=600)
+    assert not owner_thread.is_alive()
+
+    done = store.get_job(job.id)
+    assert done.status is JobStatus.SUCCEEDED, done.error
+    groups = store.task_groups(job.id)
+    assert [g.status for g in groups] == [TaskGroupStatus.DONE, TaskGroupStatus.DONE]
+    if helped is None:
+        pytest.fail("the job's worker tuned both groups before the helper could claim one")
+    (taken,) = [g for g in groups if g.attempts == 2]
+    assert taken.worker == "owner"
+    assert "needed more than 256 MiB" in (taken.error or ""), taken.error
+    (index,) = taken.task_indices
+    assert _records_per_task(store, job.id)[store.list_tasks(job.id)[index].id] > 0
+    _check_artifact(store, done, tmp_path)

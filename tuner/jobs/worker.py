@@ -26,7 +26,7 @@ from tuner.entities import Job, JobStatus, TaskGroup, TaskGroupStatus
 from tuner.errors import Conflict
 from tuner.jobs.failures import CRASH_REPORT, crash_report_path
 from tuner.jobs.heartbeat import Heartbeat
-from tuner.jobs.limits import JobLimits, JobWatch
+from tuner.jobs.limits import TUNING_STAGE, JobLimits, JobWatch
 from tuner.settings import Settings
 from tuner.store.sql import Store
 
@@ -155,17 +155,29 @@ class Worker:
         ):
             child = _start_tuning_process(self.name, self.settings, group_id=group.id)
         self.child_pid = child.pid
+        # Held to the job's limits like the job's own tuning process: its memory (the process tree's) and
+        # its time at tuning.
+        job = self.store.get_job(group.job_id)
+        watch = JobWatch(JobLimits.from_settings(self.settings), child.pid, job.spec.time_budget_s)
         released = False
+        limit_reason: str | None = None
+        next_check = 0.0
         try:
             while True:
                 try:
-                    child.wait(timeout=_SUPERVISE_POLL_S)
+                    child.wait(timeout=_SUPERVISE_POLL_S / 4)
                     break
                 except subprocess.TimeoutExpired:
                     pass
                 if self._stop.is_set():
                     released = True
                     break
+                limit_reason = watch.check(TUNING_STAGE)
+                if limit_reason is not None:
+                    break
+                if time.monotonic() < next_check:
+                    continue
+                next_check = time.monotonic() + _SUPERVISE_POLL_S
                 current = self.store.get_task_group(group.id)
                 if (
                     current is None
@@ -181,7 +193,7 @@ class Worker:
                 group.id, self.name, reason, self.settings.max_attempts, counted=False
             )
             return
-        reason = describe_exit(child.returncode, f"tuning task group {group.index}")
+        reason = limit_reason or describe_exit(child.returncode, f"tuning task group {group.index}")
         if self.store.release_task_group(group.id, self.name, reason, self.settings.max_attempts) is not None:
             log.warning("task group %d of job %s: %s", group.index, group.job_id, reason)
 
