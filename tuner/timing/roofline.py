@@ -133,8 +133,9 @@ def _best_seconds(func: Any, args: list[Any], repeats: int) -> float:
     return best
 
 
-def measure_fma_peak(target: dict[str, Any], threads: int, repeats: int = _REPEATS) -> float:
-    """fp32 GFLOP/s of :func:`fma_peak_kernel` on ``threads`` threads of this machine."""
+def fma_peak_timer(target: dict[str, Any], threads: int, repeats: int = _REPEATS) -> Callable[[], float]:
+    """:func:`fma_peak_kernel` compiled for ``threads`` threads of this machine: each call times it and
+    returns its fp32 GFLOP/s (the compile paid once, outside every timing)."""
     tvm_target = to_tvm_target(target)
     lanes = fp32_lanes(tvm_target)
     lib = tvm.compile(
@@ -144,18 +145,28 @@ def measure_fma_peak(target: dict[str, Any], threads: int, repeats: int = _REPEA
     seed = tvm.runtime.tensor(np.array([1.0] * lanes + [1e-7] * lanes, dtype="float32"))
     out = tvm.runtime.tensor(np.zeros((threads, lanes * FMA_CHAINS), dtype="float32"))
     flop_per_iteration = 2 * lanes * FMA_CHAINS * threads
-    iterations = 10_000
-    seconds = _best_seconds(func, [seed, out, iterations], 1)
-    iterations = max(iterations, int(iterations * _REPEAT_S / max(seconds, 1e-6)))
-    seconds = _best_seconds(func, [seed, out, iterations], repeats)
-    return flop_per_iteration * iterations / seconds / 1e9
+
+    def gflops() -> float:
+        iterations = 10_000
+        seconds = _best_seconds(func, [seed, out, iterations], 1)
+        iterations = max(iterations, int(iterations * _REPEAT_S / max(seconds, 1e-6)))
+        seconds = _best_seconds(func, [seed, out, iterations], repeats)
+        return flop_per_iteration * iterations / seconds / 1e9
+
+    return gflops
 
 
-def measure_bandwidth(
+def measure_fma_peak(target: dict[str, Any], threads: int, repeats: int = _REPEATS) -> float:
+    """fp32 GFLOP/s of :func:`fma_peak_kernel` on ``threads`` threads of this machine."""
+    return fma_peak_timer(target, threads, repeats)()
+
+
+def bandwidth_timer(
     target: dict[str, Any], threads: int, repeats: int = _REPEATS, array_bytes: int | None = None
-) -> float:
-    """STREAM triad GB/s on ``threads`` threads, over three arrays of ``array_bytes`` each (default: 4x the
-    last-level cache, within :data:`MIN_STREAM_BYTES` and :data:`MAX_STREAM_BYTES`)."""
+) -> Callable[[], float]:
+    """The triad compiled for ``threads`` threads over three arrays of ``array_bytes`` each (default: 4x the
+    last-level cache, within :data:`MIN_STREAM_BYTES` and :data:`MAX_STREAM_BYTES`): each call times it
+    and returns its GB/s."""
     tvm_target = to_tvm_target(target)
     lanes = fp32_lanes(tvm_target)
     if array_bytes is None:
@@ -164,8 +175,14 @@ def measure_bandwidth(
     length = max(chunk, array_bytes // 4 // chunk * chunk)
     lib = tvm.compile(tvm.IRModule({"triad": triad_kernel(length, lanes, threads)}), target=tvm_target)
     arrays = [tvm.runtime.tensor(np.full(length, value, dtype="float32")) for value in (1.0, 2.0, 0.0)]
-    seconds = _best_seconds(lib.mod["triad"], arrays, repeats)
-    return 3 * 4 * length / seconds / 1e9
+    return lambda: 3 * 4 * length / _best_seconds(lib.mod["triad"], arrays, repeats) / 1e9
+
+
+def measure_bandwidth(
+    target: dict[str, Any], threads: int, repeats: int = _REPEATS, array_bytes: int | None = None
+) -> float:
+    """STREAM triad GB/s on ``threads`` threads (see :func:`bandwidth_timer`)."""
+    return bandwidth_timer(target, threads, repeats, array_bytes)()
 
 
 def quiet_best(
@@ -198,10 +215,10 @@ def measure_limits(
     each taken again while other processes keep the machine busy (:func:`quiet_best`)."""
     threads = int(target.get("num-cores") or 1)
     lanes = fp32_lanes(to_tvm_target(target))
-    figures = [quiet_best(lambda: measure_fma_peak(target, 1, repeats), pauses_s)]
+    figures = [quiet_best(fma_peak_timer(target, 1, repeats), pauses_s)]
     if threads > 1:
-        figures.append(quiet_best(lambda: measure_fma_peak(target, threads, repeats), pauses_s))
-    figures.append(quiet_best(lambda: measure_bandwidth(target, threads, repeats), pauses_s))
+        figures.append(quiet_best(fma_peak_timer(target, threads, repeats), pauses_s))
+    figures.append(quiet_best(bandwidth_timer(target, threads, repeats), pauses_s))
     peak_one, peak_all, bandwidth = figures[0][0], figures[-2][0], figures[-1][0]
     shares = [share for _, share in figures if share is not None]
     other_cpu_share = max(shares) if shares else None
