@@ -182,7 +182,9 @@ def test_a_figure_measured_while_the_machine_is_busy_is_taken_again_and_the_best
 def test_limits_measured_beside_processes_spinning_on_every_cpu_say_they_were_disturbed() -> None:
     """The check of :func:`measure_limits` is real: processes spinning on every CPU through all its tries
     are seen, and the limits say the machine was busy (so the next jobs measure them again). Whether a
-    quiet machine reads as quiet depends on what else runs on it, and is not asserted."""
+    quiet machine reads as quiet depends on what else runs on it, and how much of the CPUs the measuring
+    threads get beside the spinners depends on the scheduler (a 2-thread kernel that waits for its slower
+    thread once got 6 %): neither is asserted."""
     cpus = os.cpu_count() or 1
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus)]
     try:
@@ -194,6 +196,3 @@ def test_limits_measured_beside_processes_spinning_on_every_cpu_say_they_were_di
             spinner.wait()
     share = limits.other_cpu_share
     assert share is not None and share > BUSY_CPU_SHARE and limits.disturbed, limits
-    # Its own threads are not counted as others': one measuring thread beside a spinner per CPU leaves the
-    # spinners 2/3 of the CPUs (2 CPUs), never all of them.
-    assert share < 0.9, limits
