@@ -16,7 +16,7 @@ from tuner.jobs.submission import submit_job
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.targets import host_target
-from tuner.timing.profile import RUNTIME_ROW, host_key
+from tuner.timing.profile import LIMIT_MEASUREMENTS, RUNTIME_ROW, host_key
 
 pytestmark = pytest.mark.slow
 
@@ -90,16 +90,24 @@ def test_a_tuned_cnn_is_profiled_kernel_by_kernel_under_the_roofline(
     assert run_job(sqlite_store, profiled, again.id).job.status is JobStatus.SUCCEEDED
     best = sqlite_store.get_job_profile(again.id).limits
     assert best is not None
-    if limits.disturbed:
-        assert best.measurements == 2 and best.peak_gflops >= limits.peak_gflops, (best, limits)
+    if limits.disturbed and limits.measurements < LIMIT_MEASUREMENTS:
+        assert best.measurements == limits.measurements + 1, (best, limits)
+        assert best.peak_gflops >= limits.peak_gflops, (best, limits)
     else:
         assert best == limits
 
-    # Each convolution runs under the roofline of the best limits known (a little over it on a CPU that
-    # boosts one core's clock).
     for conv in convs:
         assert conv.flops and conv.bytes and conv.gflops and conv.intensity
         assert conv.gflops > 0 and conv.intensity > 0
         attainable = conv.attainable_gflops(best)
         assert attainable is not None and 0 < attainable <= best.peak_gflops
-        assert conv.gflops <= 1.25 * attainable, (conv, best)
+    if best.disturbed:
+        # Other processes kept the CPUs busy through every measurement: the roofs may be low, and the kernels
+        # cannot be checked against them here.
+        pytest.skip(
+            f"other processes used {best.other_cpu_share:.0%} of the CPUs through every limit measured"
+        )
+    # Each convolution runs under the roofline of the best limits known (a little over it on a CPU that
+    # boosts one core's clock).
+    for conv in convs:
+        assert conv.gflops <= 1.25 * conv.attainable_gflops(best), (conv, best)
