@@ -110,4 +110,9 @@ def test_a_tuned_cnn_is_profiled_kernel_by_kernel_under_the_roofline(
     # Each convolution runs under the roofline of the best limits known (a little over it on a CPU that
     # boosts one core's clock).
     for conv in convs:
-        assert conv.gflops <= 1.25 * conv.attainable_gflops(best), (conv, best)
+        assert conv.gflops <= 1.25 * conv.attainable_gflops(best), (
+            f"{conv.name}: {conv.gflops:.1f} GFLOP/s over the roof; limits {best.peak_gflops:.1f} GFLOP/s on "
+            f"{best.threads} threads, {best.peak_gflops_one_thread:.1f} on one, others' share "
+            f"{best.other_cpu_share}, disturbed {best.disturbed}, {best.measurements} measurement(s); the first "
+            f"job's: {limits.peak_gflops:.1f}, share {limits.other_cpu_share}, {limits.measurements}"
+        )
