@@ -156,11 +156,6 @@ def fma_peak_timer(target: dict[str, Any], threads: int, repeats: int = _REPEATS
     return gflops
 
 
-def measure_fma_peak(target: dict[str, Any], threads: int, repeats: int = _REPEATS) -> float:
-    """fp32 GFLOP/s of :func:`fma_peak_kernel` on ``threads`` threads of this machine."""
-    return fma_peak_timer(target, threads, repeats)()
-
-
 def bandwidth_timer(
     target: dict[str, Any], threads: int, repeats: int = _REPEATS, array_bytes: int | None = None
 ) -> Callable[[], float]:
