@@ -23,6 +23,7 @@ from tests.worker_processes import wait_for, worker_process
 from tuner.entities import Job, JobSpec, JobStatus, TaskGroup, TaskGroupStatus
 from tuner.jobs.submission import submit_job
 from tuner.jobs.worker import Worker
+from tuner.metaschedule.cost_model import scope_key
 from tuner.model_registry import register_model
 from tuner.settings import Settings
 from tuner.store import Store
@@ -95,6 +96,14 @@ def test_a_job_split_over_two_workers_tunes_each_task_once_and_compiles_once(
     assert all(0 < per_task[tasks[g.index].id] <= g.trials == TRIALS // 2 for g in groups)
     assert sum(per_task.values()) == done.trials_done
     assert all(t.best_latency_us is not None and t.schedule_source == "tuned" for t in tasks)
+    # The cost model kept for the next job learnt every group's records, not one group's: each group keeps
+    # the model it searched with, taught what the other stored meanwhile, and the newest keep wins.
+    records = store.list_records(job_id=job.id)
+    kept = store.get_cost_model(done.target_key, scope_key(fault_settings.record_scope(done.owner)))
+    assert kept is not None
+    assert kept.last_record_id == max(r.id for r in records)
+    valid = [r for r in records if r.mean_latency_us is not None]
+    assert kept.samples >= len(valid), (kept.samples, len(valid), len(records))
     _check_artifact(store, done, tmp_path)
 
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from kiln_tvm import tuning_record_json
-from tests.unit.test_ms_database import TARGET_KEY, make_job, make_record, matmul, target
+from tests.ms_workloads import TARGET_KEY, make_job, make_record, matmul, target
 from tuner.entities import Task
 from tuner.errors import Conflict
 from tuner.jobs.artifact import write_records
-from tuner.metaschedule.cost_model import load_cost_model
+from tuner.metaschedule.cost_model import keep_cost_model, load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.store import Store
 from tuner.views.inspection import best_schedule
@@ -77,3 +77,34 @@ def test_a_best_schedule_this_kiln_cannot_read_is_refused_with_the_reason(store:
         best_schedule(store, job, task)  # the foreign record is the workload's fastest
     other = Task(2, job.id, db.commit_workload_id(mods[1]), "matmul32", 1, 2 * 32**3, "hash")
     assert best_schedule(store, job, other).latency_us == pytest.approx(100.0)
+
+
+def test_a_kept_model_learns_what_other_processes_of_the_same_job_stored(store: Store) -> None:
+    """A split job's groups tune in several processes under one job id: each keeps its model taught every
+    record it did not measure itself, the other groups' included (not only other jobs')."""
+    job_id = make_job(store)
+    ranking, last = load_cost_model(store, target(), TARGET_KEY, None)
+    assert last == 0 and ranking.model.data_size == 0
+    this_group = KilnDatabase(store, TARGET_KEY, job_id=job_id)
+    other_group = KilnDatabase(store, TARGET_KEY, job_id=job_id)
+    for secs in (1e-4, 2e-4):
+        this_group.commit_tuning_record(make_record(matmul(16), [secs]))
+        other_group.commit_tuning_record(make_record(matmul(32), [secs * 2]))
+        other_group.commit_tuning_record(make_record(matmul(48), [secs * 3]))
+    assert len(this_group.committed_ids) == 2 and len(other_group.committed_ids) == 4
+    # This process's model learnt its own records while tuning (here: not at all, to tell them apart).
+    kept = keep_cost_model(
+        store,
+        ranking,
+        target(),
+        target_key=TARGET_KEY,
+        scope=None,
+        last=last,
+        learnt=this_group.committed_ids,
+    )
+    assert kept is not None
+    assert kept.samples == ranking.model.data_size == 4  # the other group's four, not this one's two
+    assert kept.last_record_id == max(other_group.committed_ids)
+    # The next job's model starts from them and catches up on nothing learnt twice.
+    again, up_to = load_cost_model(store, target(), TARGET_KEY, None)
+    assert up_to == kept.last_record_id and again.model.data_size == 4

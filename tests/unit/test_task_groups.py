@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from tests.store_rows import TARGET, add_job, add_record
-from tuner.entities import JobSpec, JobStatus, Task, TaskGroupStatus
+from tuner.entities import Job, JobSpec, JobStatus, Task, TaskGroupStatus
 from tuner.errors import InvalidSpec
-from tuner.jobs.task_groups import count_stored_records, group_trials, split_tasks
+from tuner.jobs.recorder import recount_tasks
+from tuner.jobs.stop import JobStopCheck, StopReason, stop_reason
+from tuner.jobs.task_groups import group_trials, split_tasks, tune_split
+from tuner.settings import Settings
 from tuner.store import Store
 from tuner.store.orm import utcnow
 
@@ -172,9 +176,60 @@ def test_a_group_taken_back_counts_the_records_its_lost_worker_stored_but_did_no
     add_record(store, workloads[1], [], job_id=job_id, error="build failed")
     store.update_task(tasks[1].id, trials=2, best_latency_us=20.0)
     store.refresh_job_progress(job_id)
-    counted = count_stored_records(store.list_tasks(job_id), store, job_id, TARGET, None)
+    counted = recount_tasks(store, job_id, store.list_tasks(job_id), TARGET, None)
     assert [t.trials for t in counted] == [5, 2, 0]
     assert [t.best_latency_us for t in counted] == [pytest.approx(5.0), 20.0, None]
     assert [t.trials for t in store.list_tasks(job_id)] == [5, 2, 0]
     assert store.get_job(job_id).trials_done == 7
-    assert count_stored_records(counted, store, job_id, TARGET, None) == counted  # counted once
+    assert recount_tasks(store, job_id, counted, TARGET, None) == counted  # counted once
+
+
+def _split_job_with_tasks(store: Store) -> tuple[Job, list[Task]]:
+    """A running job of three tasks, split by its worker "old" into two groups, as :func:`tune_split` split
+    it before; a helper tunes the second group."""
+    job_id = add_job(store)
+    workloads = [store.add_workload(f"h{i}", "[]", "script", None, "") for i in range(3)]
+    tasks = store.add_tasks(
+        job_id,
+        [{"name": f"t{i}", "weight": 1, "flops": 1.0, "workload_id": w} for i, w in enumerate(workloads)],
+    )
+    job = store.mark_job_running(job_id, "old")
+    store.split_job(job_id, [([0, 2], 6), ([1], 3)], None)
+    assert store.claim_task_group("helper", job_id=job_id).index == 0
+    return replace(job, spec=replace(job.spec, workers=2)), tasks
+
+
+def test_a_job_taken_over_keeps_its_groups_for_the_new_owner(store: Store, settings: Settings) -> None:
+    job, tasks = _split_job_with_tasks(store)
+    # "old" stopped heartbeating: the job went back to the queue, and "new" claimed it.
+    assert [j.id for j in store.requeue_stale(stale_after_s=0, max_attempts=3)] == [job.id]
+    assert store.claim_job("new").id == job.id
+    stop = JobStopCheck(store, job.id, "old", every_s=0)
+    groups = tune_split(store, settings, job, tasks, worker="old", should_stop=stop, time_left_s=lambda: None)
+    assert stop.reason is StopReason.TAKEN_OVER
+    # Nothing closed: the helper's group is still its own, the other waits for the new owner, who resumes.
+    assert [(g.status, g.worker, g.error) for g in groups] == [
+        (TaskGroupStatus.RUNNING, "helper", None),
+        (TaskGroupStatus.QUEUED, None, None),
+    ]
+    assert store.claim_task_group("new", job_id=job.id).index == 1
+    assert store.get_job(job.id).status is JobStatus.RUNNING
+
+
+def test_a_cancelled_split_job_closes_its_groups(store: Store, settings: Settings) -> None:
+    job, tasks = _split_job_with_tasks(store)
+    store.request_cancel(job.id)
+    stop = JobStopCheck(store, job.id, "old", every_s=0)
+    groups = tune_split(store, settings, job, tasks, worker="old", should_stop=stop, time_left_s=lambda: None)
+    assert stop.reason is StopReason.CANCELLED
+    assert all(g.status is TaskGroupStatus.FAILED and g.error == "the job was cancelled" for g in groups)
+
+
+def test_why_a_job_s_tuning_stops(store: Store) -> None:
+    job = store.mark_job_running(add_job(store), "owner")
+    assert stop_reason(job, "owner") is None and stop_reason(job, None) is None
+    assert stop_reason(job, "someone-else") is StopReason.TAKEN_OVER
+    assert stop_reason(replace(job, status=JobStatus.QUEUED), None) is StopReason.TAKEN_OVER
+    assert stop_reason(replace(job, cancel_requested=True), "owner") is StopReason.CANCELLED
+    assert stop_reason(replace(job, status=JobStatus.FAILED), "owner") is StopReason.ENDED
+    assert [r.ends_job for r in StopReason] == [True, True, False]

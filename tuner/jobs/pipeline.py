@@ -43,11 +43,12 @@ from tuner.jobs.artifact import export_library, pack_artifact
 from tuner.jobs.failures import crash_report_path, describe_failure, write_crash_report
 from tuner.jobs.in_process import InProcessGuard, cli_worker_name
 from tuner.jobs.manifest import job_manifest
-from tuner.jobs.measuring import job_caches, measure_config, measuring_host_limits
+from tuner.jobs.measuring import job_caches
 from tuner.jobs.recorder import JobListener, JobRecorder
+from tuner.jobs.search_run import search_tasks
+from tuner.jobs.stop import current_stop_reason
 from tuner.jobs.submission import job_input_shapes, validate_spec
 from tuner.jobs.task_groups import tune_split
-from tuner.metaschedule.cost_model import load_cost_model
 from tuner.metaschedule.database import KilnDatabase
 from tuner.model_registry import model_file
 from tuner.passes.plan import GraphPlan
@@ -69,7 +70,7 @@ from tuner.timing.verify import (
     verify_outputs,
     verify_reduced_precision,
 )
-from tuner.tune import Budget, tune_tasks
+from tuner.tune import Budget
 from tuner.views.assembly import instruction_mix, kernel_assembly, split_functions
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,11 @@ def _run(settings: Settings, job: Job, recorder: JobRecorder, should_stop: Any) 
     planned = _plan(settings, job, recorder)
     _tune(settings, job, planned, recorder, should_stop)
     if should_stop is not None and should_stop():
-        recorder.ended(JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
+        reason = current_stop_reason(recorder.store, job.id, job.worker)
+        if reason.ends_job:
+            recorder.ended(JobStatus.CANCELLED, "cancelled; the records measured so far were kept")
+        else:  # another worker resumes the job from the store: this run records nothing more
+            log.warning("job %s was taken over by another worker; this run stops", job.id)
         job_now = recorder.store.get_job(job.id)
         return JobResult(job_now, recorder.tasks, planned.plan.fusion, None, [], Latencies())
     built = _compile(settings, job, planned, recorder)
@@ -248,35 +253,20 @@ def _tune(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder
             )
             recorder.split_tuned(groups)
             return
-        config = measure_config(settings, spec)
-        # The cost model kept for this target starts trained on every record measured on it before.
-        cost_model, learnt_up_to = (
-            load_cost_model(recorder.store, planned.target, job.target_key, planned.scope)
-            if config.cost_model == "xgb"
-            else (None, 0)
-        )
-        report = tune_tasks(
-            planned.plan.tasks,
-            planned.target,
-            planned.database,
+        search_tasks(
+            recorder.store,
+            settings,
+            job,
+            tasks=recorder.tasks,
+            extracted=planned.plan.tasks,
+            database=planned.database,
+            target=planned.target,
             budget=budget,
-            config=config,
             work_dir=settings.jobs_dir / job.id / "metaschedule",
             on_batch=recorder.on_batch,
             should_stop=should_stop,
             time_left_s=clock.remaining_s,
-            limits=measuring_host_limits(recorder.store, spec),
-            cost_model=cost_model,
         )
-        if cost_model is not None:
-            recorder.cost_model(
-                cost_model,
-                planned.target,
-                target_key=job.target_key,
-                scope=planned.scope,
-                learnt_up_to=learnt_up_to,
-            )
-        recorder.search_stats(report.search_stats)
 
 
 def _compile(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder) -> _Built:

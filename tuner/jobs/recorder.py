@@ -18,6 +18,7 @@ from tuner.entities import (
     Artifact,
     FusionSummary,
     IrLevel,
+    Job,
     JobStatus,
     ModelProfile,
     Task,
@@ -117,40 +118,13 @@ class JobRecorder:
 
     def resumed_tasks(self, target_key: str, scope: str | None) -> list[Task]:
         """A rerun job's tasks, their trials recounted from the records the earlier attempts committed."""
-        measured = self.store.job_trial_counts(self.job_id)
-        resumed = [
-            self.store.update_task(
-                task.id,
-                trials=measured.get(task.workload_id, 0),
-                best_latency_us=self.store.best_latency_us(task.workload_id, target_key, scope),
-            )
-            for task in self.store.list_tasks(self.job_id)
-        ]
+        resumed = recount_tasks(
+            self.store, self.job_id, self.store.list_tasks(self.job_id), target_key, scope
+        )
         log.info(
             "job %s resumes with %d trials already measured", self.job_id, sum(t.trials for t in resumed)
         )
         return resumed
-
-    def cost_model(
-        self, ranking: Any, target: Any, *, target_key: str, scope: str | None, learnt_up_to: int
-    ) -> None:
-        """The cost model the job tuned with, kept for the next job on this target."""
-        from tuner.metaschedule.cost_model import keep_cost_model  # TVM: only a job that tuned loads it
-
-        keep_cost_model(
-            self.store,
-            ranking,
-            target,
-            target_key=target_key,
-            scope=scope,
-            last=learnt_up_to,
-            job_id=self.job_id,
-        )
-
-    def search_stats(self, stats_by_task: dict[int, dict[str, Any]]) -> None:
-        """What the search did per task (by the task's index in the plan)."""
-        for index, stats in stats_by_task.items():
-            self.store.set_search_stats(self.tasks[index].id, stats)
 
     def schedule_sources(self, sources: list[str]) -> None:
         """Where each task's compiled schedule came from (a record, a rule, the model...), in task order."""
@@ -169,12 +143,10 @@ class JobRecorder:
 
     def on_batch(self, batch: TrialBatch) -> None:
         """A measured batch of one task: its trial count and best latency, and the job's progress."""
-        task = add_batch(self.store, self.tasks[batch.task_index], batch)
+        if self._device_key is None:
+            self._device_key = device_key(self.store.get_job(self.job_id))
+        task = add_batch(self.store, self.tasks[batch.task_index], batch, self._device_key)
         self.tasks[batch.task_index] = task
-        if batch.measured_on:  # the RPC servers that measured it: the devices page's "in use by"
-            if self._device_key is None:
-                self._device_key = self.store.get_job(self.job_id).spec.runner.key or "?"
-            self.store.note_server_use(self.job_id, self._device_key, batch.measured_on)
         self.trials_done += len(batch.latencies_us)
         self.store.update_job_progress(self.job_id, self.trials_done, self.trials_total)
         if self.clock is not None:
@@ -275,9 +247,40 @@ class TuningClock:
         return None if self.budget_s is None else self.budget_s - self.elapsed_s()
 
 
-def add_batch(store: Store, task: Task, batch: TrialBatch) -> Task:
+def device_key(job: Job) -> str:
+    """The key of the RPC devices a job measures on, as the devices page names them ("?": none given)."""
+    return job.spec.runner.key or "?"
+
+
+def add_batch(store: Store, task: Task, batch: TrialBatch, device: str) -> Task:
     """``task`` with a measured batch of it added (its trials, and its best latency if the batch beat it),
-    as stored."""
+    as stored; the RPC servers of ``device`` that measured it are noted (the devices page's "in use by")."""
     valid = [lat for lat in batch.latencies_us if lat is not None]
     best = min([*valid, task.best_latency_us] if task.best_latency_us else valid, default=None)
-    return store.update_task(task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best)
+    updated = store.update_task(task.id, trials=task.trials + len(batch.latencies_us), best_latency_us=best)
+    if batch.measured_on:
+        store.note_server_use(task.job_id, device, batch.measured_on)
+    return updated
+
+
+def recount_tasks(
+    store: Store, job_id: str, tasks: list[Task], target_key: str, scope: str | None
+) -> list[Task]:
+    """``tasks`` with their trials recounted from the job's records in the store and their bests read from
+    it, for a job or a split job's group taken up again after its worker was lost.
+
+    MetaSchedule commits each record in its own transaction and the batch is counted after: a worker killed
+    between the two leaves its tasks' trials short of what they measured (and their bests short of what it
+    found). A count is only ever raised: what the store holds was measured, and a task's count never runs
+    ahead of its records. The job's progress (the sum of its tasks' trials) follows."""
+    measured = store.job_trial_counts(job_id)
+    counted = []
+    for task in tasks:
+        trials = max(task.trials, measured.get(task.workload_id, 0))
+        best = store.best_latency_us(task.workload_id, target_key, scope)
+        if (trials, best) != (task.trials, task.best_latency_us):
+            task = store.update_task(task.id, trials=trials, best_latency_us=best)
+        counted.append(task)
+    if counted != tasks:
+        store.refresh_job_progress(job_id)
+    return counted

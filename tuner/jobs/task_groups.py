@@ -10,7 +10,9 @@ records, their tasks' trials and bests, the job's progress. Each task's IRModule
 stored workload, so a helper never imports the model.
 
 A worker killed mid-group loses only its unfinished batch: its group goes back to the queue and resumes from
-the records its tasks already have, which count against the group's trials.
+the records its tasks already have, which count against the group's trials (recounted from the store as a
+resumed job's are, :func:`~tuner.jobs.recorder.recount_tasks`). Every group keeps the cost model it searched
+with, taught the records the other groups stored meanwhile (:func:`~tuner.jobs.search_run.search_tasks`).
 """
 
 from __future__ import annotations
@@ -25,20 +27,20 @@ from kiln_tvm import ms
 from tuner.entities import Job, Task, TaskGroup, TaskGroupStatus
 from tuner.errors import KilnError
 from tuner.jobs.heartbeat import Heartbeat
-from tuner.jobs.measuring import measure_config, measuring_host_limits
-from tuner.jobs.recorder import add_batch
+from tuner.jobs.recorder import add_batch, device_key, recount_tasks
+from tuner.jobs.search_run import search_tasks
+from tuner.jobs.stop import current_stop_reason
 from tuner.metaschedule.callback import TrialBatch
-from tuner.metaschedule.cost_model import keep_cost_model, load_cost_model
 from tuner.metaschedule.database import KilnDatabase
+from tuner.metaschedule.scheduler import StopCheck
 from tuner.settings import Settings
 from tuner.store.orm import utcnow
 from tuner.store.sql import Store
 from tuner.targets import to_tvm_target
-from tuner.tune import Budget, tune_tasks
+from tuner.tune import Budget
 
 log = logging.getLogger(__name__)
 
-StopCheck = Callable[[], bool]
 #: Called after each measured batch of a group with the task (updated) and the job's trials done.
 OnMeasured = Callable[[Task, int], None]
 
@@ -107,7 +109,11 @@ def tune_split(
             break
         time.sleep(settings.poll_interval_s)
     else:
-        store.close_task_groups(job.id, "the job was cancelled")
+        reason = current_stop_reason(store, job.id, worker)
+        if reason.ends_job:
+            store.close_task_groups(job.id, f"the job was {reason.value}")
+        else:  # the new owner takes the groups up again: the one this worker held was released
+            log.warning("job %s was taken from %s: its task groups are left to the new owner", job.id, worker)
     return store.task_groups(job.id)
 
 
@@ -164,7 +170,7 @@ def tune_group(
     spec = job.spec
     scope = settings.record_scope(job.owner)
     tasks = store.list_tasks(job.id)
-    mine = count_stored_records([tasks[i] for i in group.task_indices], store, job.id, job.target_key, scope)
+    mine = recount_tasks(store, job.id, [tasks[i] for i in group.task_indices], job.target_key, scope)
     done = sum(task.trials for task in mine)
     trials_left = None if group.trials is None else max(0, group.trials - done)
 
@@ -176,61 +182,21 @@ def tune_group(
         return
     target = to_tvm_target(spec.target)
     database = KilnDatabase(store, job.target_key, job_id=job.id, owner=scope)
-    config = measure_config(settings, spec)
-    cost_model, learnt_up_to = (
-        load_cost_model(store, target, job.target_key, scope) if config.cost_model == "xgb" else (None, 0)
-    )
     progress = GroupProgress(store, job, mine, on_measured)
-    report = tune_tasks(
-        [_extracted(database, task, target) for task in mine],
-        target,
-        database,
+    search_tasks(
+        store,
+        settings,
+        job,
+        tasks=mine,
+        extracted=[_extracted(database, task, target) for task in mine],
+        database=database,
+        target=target,
         budget=Budget(trials_left, spec.max_trials_per_task, spec.seed + group.index, remaining),
-        config=config,
         work_dir=settings.jobs_dir / job.id / "metaschedule" / f"group-{group.index}",
         on_batch=progress.on_batch,
         should_stop=should_stop,
         time_left_s=time_left_s,
-        limits=measuring_host_limits(store, spec),
-        cost_model=cost_model,
     )
-    for index, stats in report.search_stats.items():
-        store.set_search_stats(mine[index].id, stats)
-    if cost_model is not None and group.index == 0:  # one group's model is kept for the next job
-        keep_cost_model(
-            store,
-            cost_model,
-            target,
-            target_key=job.target_key,
-            scope=scope,
-            last=learnt_up_to,
-            job_id=job.id,
-        )
-
-
-def count_stored_records(
-    tasks: list[Task], store: Store, job_id: str, target_key: str, scope: str | None
-) -> list[Task]:
-    """``tasks`` with their trials counted from the job's records in the store. A worker killed between
-    storing a batch's records (one transaction each, as MetaSchedule commits them) and counting the batch
-    leaves its tasks' trials short of what they measured, and their bests short of what it found; the
-    worker that takes their group back counts the records and reads each best from the store (as a
-    resumed job does, :meth:`JobRecorder.resumed_tasks`), so that the tasks, the job's progress and its
-    records agree. A count is only ever raised: the group's tasks are its own, counted as it measures."""
-    measured = store.job_trial_counts(job_id)
-    counted = [
-        store.update_task(
-            task.id,
-            trials=stored,
-            best_latency_us=store.best_latency_us(task.workload_id, target_key, scope),
-        )
-        if (stored := measured.get(task.workload_id, 0)) > task.trials
-        else task
-        for task in tasks
-    ]
-    if counted != tasks:
-        store.refresh_job_progress(job_id)
-    return counted
 
 
 def _extracted(database: KilnDatabase, task: Task, target: Any) -> Any:
@@ -247,10 +213,8 @@ class GroupProgress:
         self.store, self.job, self.tasks, self.on_measured = store, job, tasks, on_measured
 
     def on_batch(self, batch: TrialBatch) -> None:
-        task = add_batch(self.store, self.tasks[batch.task_index], batch)
+        task = add_batch(self.store, self.tasks[batch.task_index], batch, device_key(self.job))
         self.tasks[batch.task_index] = task
-        if batch.measured_on:
-            self.store.note_server_use(self.job.id, self.job.spec.runner.key or "?", batch.measured_on)
         done = self.store.refresh_job_progress(self.job.id)
         if self.on_measured is not None:
             self.on_measured(task, done)

@@ -13,41 +13,15 @@ import logging
 import os
 import signal
 import sys
-import time
 
-from tuner.entities import JobStatus
 from tuner.errors import KilnError
 from tuner.jobs.failures import crash_report_path
+from tuner.jobs.stop import JobStopCheck
 from tuner.settings import Settings
 from tuner.store import Store
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
-
-
-class _StopCheck:
-    """``should_stop`` of a job's tuning: true once the job is cancelled or no longer running, or (given a
-    ``worker``) no longer that worker's. A split job's group, tuned by any worker, passes no worker."""
-
-    def __init__(self, store: Store, job_id: str, worker: str | None, every_s: float = 1.0) -> None:
-        self.store, self.job_id, self.worker, self.every_s = store, job_id, worker, every_s
-        self._checked_at = 0.0
-        self._stop = False
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if not self._stop and now - self._checked_at >= self.every_s:
-            self._checked_at = now
-            try:
-                job = self.store.get_job(self.job_id)
-            except Exception:
-                return False
-            self._stop = (
-                job.cancel_requested
-                or job.status is not JobStatus.RUNNING
-                or (self.worker is not None and job.worker != self.worker)
-            )
-        return self._stop
 
 
 def _die_with_parent() -> None:
@@ -85,10 +59,10 @@ def serve_one() -> None:
         job = store.get_job(job_id)
         if group is not None:
             tune_claimed_group(
-                store, settings, job, group, worker=worker, should_stop=_StopCheck(store, job_id, None)
+                store, settings, job, group, worker=worker, should_stop=JobStopCheck(store, job_id, None)
             )
         else:
-            execute_job(store, settings, job, should_stop=_StopCheck(store, job_id, worker))
+            execute_job(store, settings, job, should_stop=JobStopCheck(store, job_id, worker))
     except KilnError as exc:
         log.info("job %s ended: %s", job_id, exc.message)  # already recorded on the job
     finally:

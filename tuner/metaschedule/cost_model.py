@@ -20,7 +20,7 @@ import logging
 import tempfile
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +155,16 @@ def keep_cost_model(
     target_key: str,
     scope: str | None,
     last: int,
-    job_id: str,
+    learnt: Collection[int],
 ) -> StoredCostModel | None:
-    """Keep the model a job tuned with: taught the records other jobs stored meanwhile (the job's own it
-    learnt while tuning), up to the newest record. None when it never trained (nothing measured)."""
+    """Keep the model a tuning process searched with: taught every record stored since ``last`` that it
+    did not learn while tuning (``learnt``: the ids of the records this process measured and stored),
+    up to the newest record. Records another process stored meanwhile are taught whoever stored them:
+    another job's, or another worker's group of the same split job. None when it never trained."""
     model = ranking.model
     new = store.records_since(target_key, last, scope, CATCH_UP_LIMIT)
-    _learn(model, [r for r in new if r.job_id != job_id], target)
+    seen = set(learnt)
+    _learn(model, [r for r in new if r.id not in seen], target)
     if model.booster is None:
         return None
     trim_samples(model, MAX_KEPT_SAMPLES)

@@ -75,6 +75,9 @@ class KilnDatabase(ms.database.PyDatabase):
         # because MetaSchedule holds on to the objects we return.
         self._workloads: dict[int, Workload] = {}
         self._ids_by_hash: dict[str, list[int]] = {}
+        #: The ids of the records this database stored, in commit order: what this process measured (a
+        #: kept cost model learnt them while tuning, and must learn every other record stored meanwhile).
+        self.committed_ids: list[int] = []
 
     # ---- workloads ---------------------------------------------------------------------------------
 
@@ -214,7 +217,7 @@ class KilnDatabase(ms.database.PyDatabase):
         record_json = tuning_record_json(record)
         trace_json, run_secs, target_json, args_info_json = record_json
         secs = [float(x) for x in run_secs or []]
-        self.store.add_record(
+        record_id = self.store.add_record(
             workload_id=workload_id,
             job_id=self.job_id,
             target_key=self.target_key,
@@ -224,6 +227,7 @@ class KilnDatabase(ms.database.PyDatabase):
             args_info_json=json.dumps(args_info_json),
             record_json=json.dumps(record_json),
         )
+        self.committed_ids.append(record_id)
         if self.on_commit is not None:
             try:
                 self.on_commit(workload_id, secs)
