@@ -10,12 +10,20 @@ before TVM starts:
 * the runtime thread pool uses half of ``hardware_concurrency()`` unless ``TVM_NUM_THREADS`` is set,
   which on a machine without SMT means half of the real cores;
 * ``import tvm.s_tir.tensor_intrin`` takes ~26 s (mostly CUDA intrinsics) and both ``TuneContext`` and the
-  stock builder import it; :func:`register_cpu_tensor_intrinsics` registers only the CPU ones.
+  stock builder import it. Importing this module installs an import hook (:class:`_CpuTensorIntrinsics`)
+  under which that import registers only the x86 intrinsics, with Kiln's own (a VNNI dot product that
+  builds, AVX512-BF16's), whoever imports it first: no caller has to remember to register them before its
+  first ``TuneContext``. Reading a stored record registers them too (its trace may tensorize:
+  :func:`tuner.metaschedule.database.readable_record`); AMX's, whose parsing costs ~4 s, are added by
+  ``register_cpu_tensor_intrinsics(amx=True)`` where AMX kernels are built or replayed.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import types
@@ -62,35 +70,49 @@ SCHEDULE_ERRORS: tuple[type[Exception], ...] = (
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
 
 
-def register_cpu_tensor_intrinsics(keep: tuple[str, ...] = ("x86",), amx: bool = False) -> None:
-    """Register only the CPU tensor intrinsics instead of importing all of ``tvm.s_tir.tensor_intrin``.
+class _CpuTensorIntrinsics(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Loads ``tvm.s_tir.tensor_intrin`` as Kiln needs it: a package whose import registers only the x86
+    tensor intrinsics (TVM's ``tensor_intrin.x86`` module), Kiln's VNNI dot product in place of TVM's (one
+    that builds, :mod:`kiln_tvm.x86_vnni`) and AVX512-BF16's (:mod:`kiln_tvm.x86_bf16`); not TVM's CUDA,
+    ROCm, Metal or Arm ones. Its submodules stay importable by name.
 
-    Only x86's by default: no schedule rule of Kiln's tensorizes with another CPU's, and ``arm_cpu``'s
-    module takes 5-12 s to parse (its ``T.prim_func`` decorators walk the stack of a process that has
-    imported PyTorch).
-
-    Installs a package stub under the real name, so later ``import tvm.s_tir.tensor_intrin`` (inside
-    ``TuneContext`` or a builder) is a no-op. The VNNI dot product is replaced by one that builds
-    (:mod:`kiln_tvm.x86_vnni`), and AVX512-BF16's is added (:mod:`kiln_tvm.x86_bf16`). With ``amx``,
-    Kiln's AMX intrinsics (:mod:`kiln_tvm.x86_amx`) too: they cost ~4 s of parsing, so only callers
-    replaying AMX records ask for them.
+    Only x86's: no schedule rule of Kiln's tensorizes with another CPU's, and ``arm_cpu``'s module takes
+    5-12 s to parse (its ``T.prim_func`` decorators walk the stack of a process that has imported PyTorch).
     """
-    if _TENSOR_INTRIN not in sys.modules:
-        stub = types.ModuleType(_TENSOR_INTRIN)
-        stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
-        sys.modules[_TENSOR_INTRIN] = stub
-        for name in keep:
-            importlib.import_module(f"{_TENSOR_INTRIN}.{name}")
-    if "x86" in keep:
+
+    def find_spec(
+        self, fullname: str, path: object, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TENSOR_INTRIN:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # the default module object
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
+        importlib.import_module(f"{_TENSOR_INTRIN}.x86")
         from kiln_tvm.x86_bf16 import register_dpbf16_intrinsic
         from kiln_tvm.x86_vnni import register_vnni_intrinsic
 
         register_vnni_intrinsic()
         register_dpbf16_intrinsic()
-        if amx:
-            from kiln_tvm.x86_amx import register_amx_intrinsics
 
-            register_amx_intrinsics()
+
+if not any(isinstance(finder, _CpuTensorIntrinsics) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _CpuTensorIntrinsics())
+
+
+def register_cpu_tensor_intrinsics(amx: bool = False) -> None:
+    """Register the CPU tensor intrinsics now (as ``import tvm.s_tir.tensor_intrin`` does under Kiln's
+    hook, :class:`_CpuTensorIntrinsics`), before reading a trace that may tensorize or making a rule that
+    looks its intrinsic up; with ``amx``, Kiln's AMX intrinsics (:mod:`kiln_tvm.x86_amx`) too. Idempotent."""
+    importlib.import_module(_TENSOR_INTRIN)
+    if amx:
+        from kiln_tvm.x86_amx import register_amx_intrinsics
+
+        register_amx_intrinsics()
 
 
 def runner_device_type(target: Target) -> str:

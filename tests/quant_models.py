@@ -275,7 +275,8 @@ def plan_and_compare(
     """Plan the model, run it untuned and check it within one step of onnxruntime, and to the step of
     ONNX's reference semantics on nearly every output (ties may round either way). ``optimized_steps=None``
     leaves onnxruntime's optimized graph out: on chains of quantized activations it is itself two steps
-    from the reference, which is what Kiln computes."""
+    from the reference, which is what Kiln computes. onnxruntime's optimized graph is compared with only
+    where it is itself within ``optimized_steps`` of the reference (on CPUs without VNNI it is not)."""
     path = tmp_path / "qdq.onnx"
     onnx.save(model, path)
     plan = plan_graph(load_model(path).mod, TARGET)
@@ -287,11 +288,16 @@ def plan_and_compare(
     for seed in range(inputs):
         x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
         got = loaded.run([x])[0]
+        expected = reference.run(None, {"x": x})[0]  # type: ignore[attr-defined]
         if optimized_steps is not None:
             optimized_out = optimized.run(None, {"x": x})[0]  # type: ignore[attr-defined]
-            off = float(np.abs(got - optimized_out).max()) / step
-            assert off <= optimized_steps + 0.001, f"{off:.2f} steps from onnxruntime"
-        lsb = np.abs(got - reference.run(None, {"x": x})[0]) / step  # type: ignore[attr-defined]
+            # On a CPU without VNNI, onnxruntime's u8 x s8 kernels (vpmaddubsw) saturate their int16 sums:
+            # its optimized graph is then itself steps from the reference (4 on the conv, 31 on the matmul
+            # here, on a Zen 3), and only the reference below can tell whether Kiln is right.
+            if float(np.abs(optimized_out - expected).max()) / step <= optimized_steps + 0.001:
+                off = float(np.abs(got - optimized_out).max()) / step
+                assert off <= optimized_steps + 0.001, f"{off:.2f} steps from onnxruntime"
+        lsb = np.abs(got - expected) / step
         worst = max(worst, float(lsb.max()))
         differ, total = differ + int((lsb > 0.5).sum()), total + lsb.size
     assert worst <= 1.001, f"{worst:.2f} steps from ONNX's reference"

@@ -25,3 +25,25 @@ def sampled_candidates(mod: tvm.IRModule, target: tvm.target.Target, count: int 
             if len(candidates) == count:
                 return candidates
     raise AssertionError(f"fewer than {count} sampled candidates passed the postprocessors")
+
+
+def packed_vnni_matmul(k: int = 64, n: int = 32) -> tvm.IRModule:
+    """The kernel of an integer matmul ``x[4, k] (u8) @ W[k, n] (s8)`` after Kiln packed its weight for
+    VNNI, alone, as its tuning task sees it (the cpu space tensorizes it with ``kiln_dot_16x4_vnni``)."""
+    import numpy as np
+
+    from kiln_tvm import relax
+    from schedules.vnni import VNNI_BLOCK
+    from tuner.passes.int8_packing import pack_for_vnni
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, k), "uint8"))
+    with bb.function("main", [x]):
+        w = np.random.default_rng(0).integers(-128, 128, (k, n), dtype=np.int8)
+        out = bb.emit(relax.op.matmul(x, relax.const(w, "int8"), out_dtype="int32"))
+        bb.emit_func_output(out)
+    lowered = relax.get_pipeline("zero")(pack_for_vnni()(bb.get()))
+    (func,) = [
+        f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and VNNI_BLOCK in f.script()
+    ]
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})

@@ -16,7 +16,6 @@ from kiln_tvm import (
     estimate_flops,
     ms,
     physical_core_count,
-    register_cpu_tensor_intrinsics,
 )
 from schedules.anatomy import argument_bytes
 from schedules.loops import fp32_lanes
@@ -205,7 +204,6 @@ def tune_tasks(
     """
     if budget.trials == 0 or not tasks:
         return TuningReport()
-    register_cpu_tensor_intrinsics()
     work_dir.mkdir(parents=True, exist_ok=True)
     tuning = _start(
         tasks,

@@ -32,7 +32,6 @@ from kiln_tvm import (
     derived_object,
     ms,
     physical_core_count,
-    register_cpu_tensor_intrinsics,
     s_tir,
 )
 from tuner.entities import NewRecord, StoredCostModel
@@ -221,9 +220,6 @@ def _learn(model: Any, records: list[NewRecord], target: Target) -> int:
     the end; returns how many it learnt."""
     if not records:
         return 0
-    # Before the first replay and TuneContext: a tensorized record replays only with Kiln's intrinsics
-    # registered, and a TuneContext made before imports all of TVM's (30-100 s, CUDA's mostly).
-    register_cpu_tensor_intrinsics(amx=any("kiln_amx_" in r.record_json for r in records))
     by_workload: dict[int, list[NewRecord]] = defaultdict(list)
     for record in records:
         by_workload[record.workload_id].append(record)

@@ -16,6 +16,7 @@ from kiln_tvm import (
     SCHEDULE_ERRORS,
     derived_object,
     ms,
+    register_cpu_tensor_intrinsics,
     structural_equal,
     structural_hash,
     tuning_record_json,
@@ -260,7 +261,11 @@ class KilnDatabase(ms.database.PyDatabase):
 def readable_record(record_json: str, workload: Workload) -> TuningRecord | None:
     """The stored record ``record_json`` of ``workload``, or None (with a warning) when this process cannot
     read it: a tensor intrinsic it does not register, from a newer worker on a shared database. Such a
-    record must not fail the search, the compile or the export that asked for a workload's records."""
+    record must not fail the search, the compile or the export that asked for a workload's records.
+
+    Every stored record is read here, so the CPU tensor intrinsics a trace may tensorize with are registered
+    here (AMX's only for a record that names one: they take seconds to parse)."""
+    register_cpu_tensor_intrinsics(amx="kiln_amx_" in record_json)
     try:
         return TuningRecord.from_json(json.loads(record_json), workload)
     except SCHEDULE_ERRORS as exc:

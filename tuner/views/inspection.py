@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kiln_tvm import ms, register_cpu_tensor_intrinsics, s_tir
+from kiln_tvm import ms, s_tir
 from schedules.poly.analysis import PolyhedralAnalysis, analyse_prim_func
 from schedules.poly.caches import UNKNOWN, CacheHierarchy, parse_cache_spec
 from schedules.poly.report import tiling_report
@@ -156,8 +156,6 @@ def best_schedule(store: Store, job: Job, task: Task, scope: str | None = None) 
     found = store.best_record(task.workload_id, job.target_key, scope)
     if found is None:
         raise NotFound(f"task '{task.name}' has no successfully measured schedule yet")
-    # A VNNI, AMX or vdpbf16ps kernel's trace tensorizes: its intrinsic is looked up as the trace is read.
-    register_cpu_tensor_intrinsics(amx="kiln_amx_" in found.record_json)
     record_data = json.loads(found.record_json)
     workload = ms.database.Workload.from_json(json.loads(found.workload_json))
     record = readable_record(found.record_json, workload)
