@@ -27,6 +27,7 @@ from schedules.poly.search import seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, space_for
 from schedules.transfer import postprocessed, transferred_schedules
+from tuner.entities import record_latency_s
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,8 @@ def _tuned_record(store_database: Any | None, mod: Any) -> tuple[ScheduleSource,
     best = store_database.get_top_k(store_database.commit_workload(mod), 1)
     if not best:
         return ScheduleSource.NONE, None, None
-    secs = [float(s) for s in best[0].run_secs or []]
-    return ScheduleSource.TUNED, (sum(secs) / len(secs) * 1e3 if secs else None), best[0]
+    latency = record_latency_s(best[0].run_secs)
+    return ScheduleSource.TUNED, (None if latency is None else latency * 1e3), best[0]
 
 
 def _transferred(

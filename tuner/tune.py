@@ -24,7 +24,7 @@ from schedules.poly.search import PruningStats, seed_schedules
 from schedules.poly.tiling import MachineModel
 from schedules.spaces import SpaceOptions, default_space_name, get_space, space_for
 from schedules.transfer import transferred_schedules
-from tuner.entities import MachineLimits, RunnerSpec
+from tuner.entities import MachineLimits, RunnerSpec, record_latency_s
 from tuner.entities.job import check_cost_model
 from tuner.errors import InvalidSpec
 from tuner.isolation.fatal_signals import report_fatal_signals_on_stderr
@@ -519,9 +519,9 @@ def _best_known_ms(tasks: list[Any], database: Any) -> dict[int, float]:
     known: dict[int, float] = {}
     for index, task in enumerate(tasks):
         best = database.get_top_k(database.commit_workload(task.dispatched[0]), 1)
-        secs = [float(s) for s in (best[0].run_secs if best else None) or []]
-        if secs:
-            known[index] = sum(secs) / len(secs) * 1e3
+        latency = record_latency_s(best[0].run_secs) if best else None
+        if latency is not None:
+            known[index] = latency * 1e3
     return known
 
 

@@ -43,15 +43,25 @@ def test_tuning_may_run_a_stage_limit_past_its_budget_or_the_tuning_limit_withou
 
 @pytest.fixture
 def allocator() -> Iterator[subprocess.Popen[str]]:
-    """A process that holds 400 MiB of touched memory once told to on stdin, and its own child."""
-    code = (
-        "import subprocess, sys\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-        "print('ready', flush=True)\n"
+    """A small process whose child holds 400 MiB of touched memory once told to (on the parent's stdin):
+    a watch that counted only the root process would see a small interpreter."""
+    holder = (
+        "import sys\n"
         "sys.stdin.readline()\n"
         "held = bytearray(400 << 20)\n"
         "held[::4096] = b'x' * len(held[::4096])\n"
         "print('holding', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    code = (
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {holder!r}], stdin=subprocess.PIPE,"
+        " stdout=subprocess.PIPE, text=True)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "child.stdin.write('go\\n')\n"
+        "child.stdin.flush()\n"
+        "print(child.stdout.readline().strip(), flush=True)\n"
         "sys.stdin.readline()\n"
     )
     proc = subprocess.Popen(
@@ -84,6 +94,9 @@ def test_the_watch_counts_the_whole_process_tree_against_the_memory_limit(
     assert reason is not None
     assert "more than 256 MiB" in reason and "while verifying" in reason and "KILN_JOB_MEMORY_MB" in reason
     assert watch.peak_bytes >= 400 << 20
+    import psutil
+
+    assert psutil.Process(allocator.pid).memory_info().rss < 100 << 20  # the child holds it
 
 
 def test_the_watch_times_planning_as_one_stage_and_restarts_the_clock_at_the_next() -> None:

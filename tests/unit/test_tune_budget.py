@@ -108,8 +108,13 @@ def test_a_task_s_expected_gain_is_its_weighted_headroom_over_its_roofline() -> 
     assert scheduler._steepest([0, 1, 2], [1.0, 1.0, 1.0]) == 1
     assert scheduler._steepest([0, 1, 2], [1.0, 1.0, 2.0]) == 2  # twice the calls: 1.6 > 1.2
     # Within 5 % of its roofline a task is done; 0.5 ms off a 2 ms best it is not.
-    assert scheduler._at_roofline(0) and not scheduler._at_roofline(1) and not scheduler._at_roofline(2)
-    assert scheduler.stopped_at_roofline == {0}
+    assert [scheduler.within_roofline(i) for i in range(4)] == [True, False, False, False]
+    assert scheduler.stopped_at_roofline == set()  # asking stops nothing
+
+
+def test_a_task_is_done_within_5_percent_of_its_roofline_and_not_before() -> None:
+    scheduler = KilnTaskScheduler(known_ms={0: 1.0, 1: 1.0, 2: 1.0}, floor_ms={0: 0.951, 1: 0.949, 2: 1.2})
+    assert [scheduler.within_roofline(i) for i in range(3)] == [True, False, True]  # faster than its roof too
 
 
 def test_the_scheduler_starts_no_batch_that_its_median_batch_says_would_not_fit() -> None:

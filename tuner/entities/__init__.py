@@ -32,6 +32,7 @@ from tuner.entities.plan import (
 )
 from tuner.entities.profile import KernelAssembly, KernelProfile, MachineLimits, ModelProfile, OnnxruntimeNode
 from tuner.entities.record import (
+    FAILED_RUN_TIME_S,
     BestRecord,
     NewRecord,
     Record,
@@ -39,9 +40,12 @@ from tuner.entities.record import (
     StoredRecord,
     StoredWorkload,
     TimelineEntry,
+    record_latency_s,
 )
 
 __all__ = [
+    "FAILED_RUN_TIME_S",
+    "record_latency_s",
     "AccuracyReport",
     "ApiToken",
     "Artifact",

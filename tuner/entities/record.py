@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
+
+#: Run times from this many seconds up are MetaSchedule's marks of a failed candidate (it stores 1e10).
+FAILED_RUN_TIME_S = 1e9
+
+
+def record_latency_s(run_secs: Iterable[float] | None) -> float | None:
+    """A measured candidate's latency (s): the mean of its run times, as MetaSchedule ranks records and the
+    store orders them; None for a candidate that failed or was never measured. The one statistic every
+    reader of a record's, a batch's or a task's best latency uses."""
+    secs = [float(s) for s in run_secs or []]
+    if not secs or not all(math.isfinite(s) and 0 <= s < FAILED_RUN_TIME_S for s in secs):
+        return None
+    return sum(secs) / len(secs)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln_tvm import derived_object, ms
-
-FAILED_RUN_SECS = 1e9  # MetaSchedule records failed candidates with run_secs = [1e10]
+from tuner.entities import record_latency_s
 
 
 @dataclass
@@ -37,10 +36,10 @@ def latency_us(result: Any) -> tuple[float | None, str | None]:
     """A runner result's mean latency (µs), or None and why not."""
     if result.error_msg:
         return None, _last_line(result.error_msg)
-    secs = [float(s) for s in result.run_secs or []]
-    if not secs or min(secs) >= FAILED_RUN_SECS:
+    latency = record_latency_s(result.run_secs)
+    if latency is None:
         return None, "no valid measurement"
-    return sum(secs) / len(secs) * 1e6, None
+    return latency * 1e6, None
 
 
 @derived_object

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln_tvm import derived_object, ms
+from tuner.entities import record_latency_s
 
 NO_TASK = -1  # what next_task_id returns to end the search
 FAILED_MS = 1e9  # MetaSchedule's latency for a candidate that failed to build or run
@@ -88,8 +89,8 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
             return NO_TASK
         tasks = scheduler.tasks_
         for task_id, task in enumerate(tasks):
-            if not task.is_terminated and self._at_roofline(task_id):
-                scheduler.terminate_task(task_id)
+            if not task.is_terminated and self.within_roofline(task_id):
+                self._stop_at_roofline(scheduler, task_id)
         alive = [i for i, task in enumerate(tasks) if not task.is_terminated]
         if not alive:
             return NO_TASK
@@ -117,13 +118,16 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         headroom = max(0.0, best - self.floor_ms.get(task_id, 0.0))
         return (self.alpha * backward + (1 - self.alpha) * headroom / n) * weight
 
-    def _at_roofline(self, task_id: int) -> bool:
+    def within_roofline(self, task_id: int) -> bool:
+        """Whether a task's best latency is within :data:`ROOFLINE_STOP` of its roofline (nothing left to
+        find); False without a roofline."""
         floor = self.floor_ms.get(task_id)
         history = self.best_history.get(task_id)
-        if floor is None or not history or floor < ROOFLINE_STOP * history[-1]:
-            return False
+        return floor is not None and bool(history) and floor >= ROOFLINE_STOP * history[-1]
+
+    def _stop_at_roofline(self, scheduler: Any, task_id: int) -> None:
         self.stopped_at_roofline.add(task_id)
-        return True
+        scheduler.terminate_task(task_id)
 
     def _steepest(self, alive: list[int], weights: list[float]) -> int:
         """The task whose weighted best latency promises to fall most (:meth:`expected_gain`)."""
@@ -151,13 +155,10 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         default = self.default_ms.get(task_id, FAILED_MS)
         history.append(min(batch_best, history[-1] if history else default))
         self.searched[task_id] = self.searched.get(task_id, 0) + 1
-        if (
-            self.searched[task_id] == 1
-            and default < FAILED_MS
-            and batch_best >= default
-            or self._at_roofline(task_id)
-        ):
-            scheduler.terminate_task(task_id)
+        if self.within_roofline(task_id):
+            self._stop_at_roofline(scheduler, task_id)
+        elif self.searched[task_id] == 1 and default < FAILED_MS and batch_best >= default:
+            scheduler.terminate_task(task_id)  # the default schedule serves it
 
     # -- stopping -----------------------------------------------------------------------------------------
 
@@ -181,5 +182,5 @@ class KilnTaskScheduler(ms.task_scheduler.PyTaskScheduler):
 def _latency_ms(result: Any) -> float:
     if result.error_msg is not None:
         return FAILED_MS
-    secs = [float(s) for s in result.run_secs or []]
-    return statistics.median(secs) * 1e3 if secs else FAILED_MS
+    latency = record_latency_s(result.run_secs)
+    return FAILED_MS if latency is None else latency * 1e3

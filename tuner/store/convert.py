@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 from tuner.entities import (
     AccuracyReport,
@@ -17,6 +16,7 @@ from tuner.entities import (
     ModelSignature,
     Record,
     Task,
+    record_latency_s,
 )
 from tuner.store.orm import (
     FAILED_RUN_SEC,
@@ -30,10 +30,10 @@ from tuner.store.orm import (
 
 
 def mean_run_sec(run_secs: list[float]) -> float:
-    """Mean run time of a candidate; failed or unmeasured candidates get MetaSchedule's 1e10."""
-    if not run_secs or not all(math.isfinite(x) and x >= 0 for x in run_secs):
-        return FAILED_RUN_SEC
-    return sum(run_secs) / len(run_secs)
+    """Mean run time of a candidate (:func:`~tuner.entities.record_latency_s`); failed or unmeasured
+    candidates get MetaSchedule's 1e10."""
+    latency = record_latency_s(run_secs)
+    return FAILED_RUN_SEC if latency is None else latency
 
 
 def is_valid(mean_run_sec: float) -> bool:
