@@ -141,6 +141,16 @@ def machine(
         f"memory bandwidth (STREAM triad), {limits.threads} thread(s)", f"{limits.bandwidth_gbs:.1f} GB/s"
     )
     table.add_row("ridge point", f"{limits.ridge_intensity:.1f} FLOP/byte")
+    if limits.int8_gops is not None:
+        table.add_row(
+            f"int8 peak ({limits.int8_instruction}), {limits.threads} thread(s)",
+            f"{limits.int8_gops:.1f} GOP/s",
+        )
+    if limits.bf16_gflops is not None:
+        table.add_row(
+            f"bf16 peak ({limits.bf16_instruction}), {limits.threads} thread(s)",
+            f"{limits.bf16_gflops:.1f} GFLOP/s",
+        )
     console.print(table)
     measured = limits.measured_at.isoformat(timespec="seconds") if limits.measured_at else "now"
     console.print(f"{limits.how}; measured {measured} on {limits.host} (--measure: again)", highlight=False)

@@ -122,6 +122,16 @@ def limits_line(limits: MachineLimits) -> str:
         f"fp32 FMA peak {limits.peak_gflops:.1f} GFLOP/s ({limits.threads} thread(s); "
         f"{limits.peak_gflops_one_thread:.1f} on one), STREAM triad {limits.bandwidth_gbs:.1f} GB/s, "
         f"ridge at {limits.ridge_intensity:.1f} FLOP/byte"
+        + (
+            f"; int8 peak {limits.int8_gops:.1f} GOP/s ({limits.int8_instruction})"
+            if limits.int8_gops
+            else ""
+        )
+        + (
+            f"; bf16 peak {limits.bf16_gflops:.1f} GFLOP/s ({limits.bf16_instruction})"
+            if limits.bf16_gflops
+            else ""
+        )
     )
 
 

@@ -65,6 +65,21 @@ def argument_bytes(func: Any) -> int:
     return total
 
 
+def kernel_precision(func: Any) -> str | None:
+    """What a kernel computes in, read from its tensor arguments' dtypes: "bf16" with a bfloat16 argument,
+    "int8" with an 8-bit integer one (a quantized operator's), "fp32" when all are float32, else None
+    (fp16, index or mixed kernels: no roof of their own). Each precision has its own compute roof
+    (:meth:`tuner.entities.MachineLimits.peak_for`)."""
+    dtypes = {str(arg.dtype) for arg in ms.arg_info.ArgInfo.from_prim_func(func)}
+    if "bfloat16" in dtypes:
+        return "bf16"
+    if dtypes & {"int8", "uint8"}:
+        return "int8"
+    if dtypes == {"float32"}:
+        return "fp32"
+    return None
+
+
 def arithmetic_intensity(func: Any) -> float | None:
     """FLOP (TVM's estimate) per byte of the arguments; None when either is unknown."""
     flop = estimate_flops(tvm.IRModule({"main": func}))

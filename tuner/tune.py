@@ -17,7 +17,7 @@ from kiln_tvm import (
     ms,
     physical_core_count,
 )
-from schedules.anatomy import argument_bytes
+from schedules.anatomy import argument_bytes, kernel_precision
 from schedules.loops import fp32_lanes
 from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import PruningStats, seed_schedules
@@ -526,22 +526,23 @@ def _best_known_ms(tasks: list[Any], database: Any) -> dict[int, float]:
 
 
 def roofline_floors_ms(tasks: list[Any], limits: MachineLimits, caches: CacheHierarchy) -> dict[int, float]:
-    """Each fp32 task's roofline latency (ms): its FLOPs at the measured fp32 peak or, when its arguments
-    outgrow the last-level cache (``caches``), their bytes at the measured memory bandwidth, whichever takes
-    longer. A kernel whose data stays in the caches reads it faster than from memory: only the compute roof
-    bounds it. Tasks of other dtypes (whose int8 or bf16 units exceed the fp32 peak) and tasks of unknown
-    size get none."""
+    """Each task's roofline latency (ms): its operations at the measured peak of its own precision (fp32's
+    FMA peak, the int8 or bf16 dot product's: :func:`schedules.anatomy.kernel_precision`) or, when its
+    arguments outgrow the last-level cache (``caches``), their bytes at the measured memory bandwidth,
+    whichever takes longer. A kernel whose data stays in the caches reads it faster than from memory: only
+    the compute roof bounds it. Tasks of other precisions and tasks of unknown size get none."""
     last_level = max((c.bytes for c in caches.levels), default=0)
     floors: dict[int, float] = {}
     for index, task in enumerate(tasks):
         mod = task.dispatched[0]
         func = next(iter(mod.functions.values()))
-        if any(str(arg.dtype) != "float32" for arg in ms.arg_info.ArgInfo.from_prim_func(func)):
+        precision = kernel_precision(func)
+        if precision is None:
             continue
         flops, moved = estimate_flops(mod), argument_bytes(func)
         if flops <= 0 or moved <= 0:
             continue
-        floor = flops / (limits.peak_gflops * 1e6)
+        floor = flops / (limits.peak_for(precision) * 1e6)
         if last_level and moved > last_level:
             floor = max(floor, moved / (limits.bandwidth_gbs * 1e6))
         floors[index] = floor

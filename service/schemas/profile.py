@@ -33,6 +33,16 @@ class MachineLimitsOut(EntityOut):
     measurements: int = Field(description="How many measurements the figures are the best of")
     host: str = Field(description="The host name and target the figures are cached under")
     measured_at: datetime | None
+    int8_gops: float | None = Field(
+        default=None,
+        description="int8 peak of all threads, G operations/s (a multiply-accumulate counts 2; measured on "
+        "the CPU's widest int8 dot product; null: none)",
+    )
+    int8_instruction: str | None = Field(default=None, description="That dot product, e.g. 'vpdpbusd zmm'")
+    bf16_gflops: float | None = Field(
+        default=None, description="bf16 peak of all threads on vdpbf16ps, GFLOP/s (null: no AVX512-BF16)"
+    )
+    bf16_instruction: str | None = Field(default=None, description="That dot product")
 
 
 class KernelProfileOut(EntityOut):
@@ -55,6 +65,11 @@ class KernelProfileOut(EntityOut):
     compared: bool = Field(description="Whether onnxruntime's time covers all its calls (a fair comparison)")
     tuned_best_us: float | None = Field(
         default=None, description="Its task's best latency per call as measured while tuning"
+    )
+    precision: str | None = Field(
+        default=None,
+        description="What it computes in ('fp32', 'int8', 'bf16'; null: other): its compute roof is that "
+        "precision's peak",
     )
 
     @classmethod

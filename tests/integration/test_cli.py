@@ -299,9 +299,23 @@ def test_machine_measures_the_roofs_of_this_cpu(tmp_path: Path) -> None:
     limits = json.loads(done.stdout)
     assert limits["peak_gflops"] > 0 and limits["bandwidth_gbs"] > 0
     assert "STREAM triad" in limits["how"] and limits["measured_at"]
+    # The int8 and bf16 peaks on this CPU's own dot products, where it has them.
+    from tuner.entities.profile import LIMITS_VERSION
+    from tuner.targets import host_target
+    from tuner.timing.dot_peaks import target_dot_products
+
+    dots = target_dot_products(host_target())
+    assert limits["version"] == LIMITS_VERSION
+    for precision, figure in (("int8", "int8_gops"), ("bf16", "bf16_gflops")):
+        if precision in dots:
+            assert limits[figure] > 0 and limits[f"{precision}_instruction"] == dots[precision].instruction
+        else:
+            assert limits[figure] is None and limits[f"{precision}_instruction"] is None
     # Measured once per host: the next call reads what was kept; --measure measures again.
     kept = json.loads(kiln("machine", "--json", data_dir=tmp_path).stdout)
     assert kept == limits
+    table = kiln("machine", data_dir=tmp_path).stdout
+    assert ("int8 peak" in table) == ("int8" in dots) and ("bf16 peak" in table) == ("bf16" in dots)
     again = json.loads(kiln("machine", "--json", "--measure", data_dir=tmp_path).stdout)
     assert again["measured_at"] > limits["measured_at"] and again["host"] == limits["host"]
 

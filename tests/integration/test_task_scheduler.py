@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from kiln_tvm import ms, structural_hash, tvm
-from tuner.entities import MachineLimits
+from kiln_tvm import estimate_flops, ms, structural_hash, tvm
+from tuner.entities import MachineLimits, record_latency_s
+from tuner.entities.profile import LIMITS_VERSION
+from tuner.metaschedule.scheduler import ROOFLINE_STOP
 from tuner.targets import host_target, to_tvm_target
-from tuner.tune import Budget, MeasureConfig, tune_tasks
+from tuner.tune import Budget, MeasureConfig, roofline_floors_ms, tune_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -52,31 +54,51 @@ def test_the_heavier_task_of_two_gets_more_trials(tmp_path: Path) -> None:
     assert heavy >= 3 * light, (heavy, light)
 
 
+def _best_ms(database: Any, task: Any) -> float:
+    (best,) = database.get_top_k(database.commit_workload(task.dispatched[0]), 1)
+    latency = record_latency_s(best.run_secs)
+    assert latency is not None
+    return latency * 1e3
+
+
 def test_a_task_at_its_roofline_is_searched_no_further(tmp_path: Path) -> None:
-    tasks = _tasks(64, 48)
-    # The roofs of a machine a million times slower than this one: each task's best is already faster
-    # than its roofline, so after its seeds the search gives it nothing.
-    crawling = MachineLimits(
-        peak_gflops=1e-4,
-        peak_gflops_one_thread=1e-4,
-        bandwidth_gbs=1e-4,
-        threads=1,
-        vector_lanes=1,
-        how="test",
-    )
+    """Limits measured as this machine could have: an fp32 peak 2 % above what the more efficient task
+    reached, so that its roofline (its FLOPs at that peak, :func:`roofline_floors_ms`) is within 5 % of
+    its best and the other task's is far below its own. The search then leaves the first alone."""
+    tasks = _tasks(128, 16)  # a 128^3 matmul runs far nearer the FMA peak than a 16^3 one
     database = ms.database.MemoryDatabase()
+    tune_tasks(tasks, TARGET, database, budget=Budget(trials=16), config=CONFIG, work_dir=tmp_path / "ms")
+    gflops = [estimate_flops(t.dispatched[0]) / (_best_ms(database, t) * 1e6) for t in tasks]
+    near = max(range(2), key=lambda i: gflops[i])
+    far = 1 - near
+    limits = MachineLimits(
+        peak_gflops=1.02 * gflops[near],
+        peak_gflops_one_thread=gflops[near],
+        bandwidth_gbs=1e4,  # the matmuls' data stays in the caches anyway
+        threads=2,
+        vector_lanes=8,
+        how="test",
+        version=LIMITS_VERSION,
+    )
+    floors = roofline_floors_ms(tasks, limits, CONFIG.space_options.caches)
+    assert floors[near] >= ROOFLINE_STOP * _best_ms(database, tasks[near])
+    if floors[far] >= ROOFLINE_STOP * _best_ms(database, tasks[far]):
+        pytest.skip(f"both tasks ran within 5 % of one efficiency ({gflops}): no task is far from its roof")
+
+    # The near task called a thousand times a run: without the stop its batches would promise the most.
+    weighted = [
+        ms.ExtractedTask(t.task_name, t.mod, TARGET, t.dispatched, 1000 if i == near else 1)
+        for i, t in enumerate(tasks)
+    ]
+    before = _trials_per_task(database, tasks)
     tune_tasks(
-        tasks,
+        weighted,
         TARGET,
         database,
-        budget=Budget(trials=40),
+        budget=Budget(trials=12),
         config=CONFIG,
-        work_dir=tmp_path / "ms",
-        limits=crawling,
+        work_dir=tmp_path / "ms2",
+        limits=limits,
     )
-    seeds = _trials_per_task(database, tasks)
-    assert all(0 < n <= CONFIG.space_options.seeds for n in seeds), seeds
-
-    unbounded = ms.database.MemoryDatabase()
-    tune_tasks(tasks, TARGET, unbounded, budget=Budget(trials=40), config=CONFIG, work_dir=tmp_path / "ms2")
-    assert sum(_trials_per_task(unbounded, tasks)) > sum(seeds)  # without the roofs the search goes on
+    added = [after - was for after, was in zip(_trials_per_task(database, tasks), before, strict=True)]
+    assert added[near] == 0 and added[far] > 0, (added, gflops)

@@ -17,6 +17,7 @@ from tests.model_builders import build_small_cnn
 from tests.store_rows import add_job
 from tuner.compile import build_untuned, random_inputs
 from tuner.entities import KernelProfile, MachineLimits, ModelProfile
+from tuner.entities.profile import LIMITS_VERSION
 from tuner.errors import NotFound
 from tuner.frontend import load_model
 from tuner.jobs.artifact import export_library
@@ -34,7 +35,13 @@ from tuner.timing.profile_match import KilnCall, OrtNode, kernel_kind, match_nod
 from tuner.timing.profile_runs import node_flops, onnxruntime_profile_summary, tvm_kernel_calls
 
 LIMITS = MachineLimits(
-    peak_gflops=200.0, peak_gflops_one_thread=100.0, bandwidth_gbs=40.0, threads=2, vector_lanes=16, how="t"
+    peak_gflops=200.0,
+    peak_gflops_one_thread=100.0,
+    bandwidth_gbs=40.0,
+    threads=2,
+    vector_lanes=16,
+    how="t",
+    version=LIMITS_VERSION,
 )
 
 

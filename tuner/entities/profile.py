@@ -19,6 +19,11 @@ class KernelAssembly:
     mix: dict[str, Any]
 
 
+#: The figures :func:`tuner.timing.roofline.measure_limits` takes now (see :attr:`MachineLimits.version`):
+#: limits kept with an older version are measured again.
+LIMITS_VERSION = 2
+
+
 @dataclass(frozen=True)
 class MachineLimits:
     """The measured roofs of one machine for one target (:func:`tuner.timing.roofline.measure_limits`)."""
@@ -42,6 +47,23 @@ class MachineLimits:
     #: the machine and target these are of ("" until stored), and when they were measured.
     host: str = ""
     measured_at: datetime | None = None
+    #: the int8 peak of all threads (G operations/s, a multiply-accumulate counting 2) on the CPU's widest
+    #: int8 dot product, and that instruction; None where the CPU has none.
+    int8_gops: float | None = None
+    int8_instruction: str | None = None
+    #: the bf16 peak of all threads (GFLOP/s) on AVX512-BF16's ``vdpbf16ps``; None without it (bf16 is
+    #: then computed in fp32, under the fp32 peak).
+    bf16_gflops: float | None = None
+    bf16_instruction: str | None = None
+    #: which figures were measured: 1, fp32 and bandwidth only (limits kept by an older Kiln); 2, the
+    #: int8 and bf16 peaks too (:data:`LIMITS_VERSION`).
+    version: int = 1
+
+    def peak_for(self, precision: str | None) -> float:
+        """The compute roof of a kernel computing in ``precision`` ("int8", "bf16", else fp32): its own
+        peak where the CPU has a dot product for it, the fp32 peak otherwise."""
+        own = {"int8": self.int8_gops, "bf16": self.bf16_gflops}.get(precision or "")
+        return own if own else self.peak_gflops
 
     def as_dict(self) -> dict[str, Any]:
         """The limits as plain JSON."""
@@ -58,17 +80,28 @@ class MachineLimits:
             peak_gflops=max(self.peak_gflops, again.peak_gflops),
             peak_gflops_one_thread=max(self.peak_gflops_one_thread, again.peak_gflops_one_thread),
             bandwidth_gbs=max(self.bandwidth_gbs, again.bandwidth_gbs),
+            int8_gops=_higher(self.int8_gops, again.int8_gops),
+            bf16_gflops=_higher(self.bf16_gflops, again.bf16_gflops),
             measurements=self.measurements + again.measurements,
         )
 
     @property
     def ridge_intensity(self) -> float:
-        """FLOP per byte where the bandwidth roof meets the compute roof."""
-        return self.peak_gflops / self.bandwidth_gbs if self.bandwidth_gbs > 0 else float("inf")
+        """FLOP per byte where the bandwidth roof meets the fp32 compute roof."""
+        return self.ridge_intensity_for(None)
 
-    def attainable_gflops(self, intensity: float) -> float:
-        """The roofline at ``intensity`` FLOP/byte: the lower of the peak and bandwidth x intensity."""
-        return min(self.peak_gflops, self.bandwidth_gbs * intensity)
+    def ridge_intensity_for(self, precision: str | None) -> float:
+        """Operations per byte where the bandwidth roof meets ``precision``'s compute roof."""
+        return self.peak_for(precision) / self.bandwidth_gbs if self.bandwidth_gbs > 0 else float("inf")
+
+    def attainable_gflops(self, intensity: float, precision: str | None = None) -> float:
+        """The roofline at ``intensity`` operations/byte: the lower of ``precision``'s peak (fp32's by
+        default) and bandwidth x intensity."""
+        return min(self.peak_for(precision), self.bandwidth_gbs * intensity)
+
+
+def _higher(first: float | None, second: float | None) -> float | None:
+    return max((x for x in (first, second) if x is not None), default=None)
 
 
 @dataclass(frozen=True)
@@ -91,6 +124,9 @@ class KernelProfile:
     onnxruntime_us: float | None = None
     onnxruntime_nodes: tuple[str, ...] = ()
     matched_calls: int = 0
+    #: what the kernel computes in ("fp32", "int8", "bf16"; None: other or unknown): its roof is that
+    #: precision's peak (:meth:`MachineLimits.peak_for`).
+    precision: str | None = None
 
     @property
     def gflops(self) -> float | None:
@@ -119,14 +155,14 @@ class KernelProfile:
     def attainable_gflops(self, limits: MachineLimits | None) -> float | None:
         """The roofline's GFLOP/s at this kernel's intensity (None: no limits or no intensity)."""
         intensity = self.intensity
-        return limits.attainable_gflops(intensity) if limits and intensity else None
+        return limits.attainable_gflops(intensity, self.precision) if limits and intensity else None
 
     def bound(self, limits: MachineLimits | None) -> str | None:
         """``"memory"`` left of the ridge point, ``"compute"`` right of it (None: unknown)."""
         intensity = self.intensity
         if not limits or not intensity:
             return None
-        return "memory" if intensity < limits.ridge_intensity else "compute"
+        return "memory" if intensity < limits.ridge_intensity_for(self.precision) else "compute"
 
 
 @dataclass(frozen=True)

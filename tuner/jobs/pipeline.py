@@ -58,7 +58,7 @@ from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import is_host_cpu, to_tvm_target
 from tuner.timing.precision_choice import plan_for_precision
-from tuner.timing.profile import host_limits, kernel_flops, profile_model
+from tuner.timing.profile import host_limits, kernel_flops, kernel_precisions, profile_model
 from tuner.timing.verify import (
     Comparison,
     FloatReference,
@@ -361,6 +361,7 @@ def _profile(
             latency_ms=latency.tuned_ms,
             limits=host_limits(recorder.store, job.spec.target),
             budget_s=settings.profile_budget_s,
+            precisions=kernel_precisions(planned.plan.lowered),
             onnxruntime_latency_ms=latency.references_ms.get("onnxruntime"),
         )
     except RuntimeError as exc:

@@ -12,14 +12,16 @@ import json
 import logging
 import socket
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from kiln_tvm import estimate_flops, tvm
+from schedules.anatomy import kernel_precision
 from tuner.entities import KernelProfile, MachineLimits, ModelProfile, OnnxruntimeNode
+from tuner.entities.profile import LIMITS_VERSION
 from tuner.errors import Conflict
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key
@@ -28,6 +30,7 @@ from tuner.timing.profile_runs import RUN_WINDOWS, RUNTIME_PREFIX
 from tuner.timing.side_by_side import run_child
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The name of the profile's row for the rest of the run: the model's run less its kernels timed in place,
 #: i.e. the VM's own work (allocation, shape checks, reshapes, the calls) and what running in sequence
@@ -67,9 +70,20 @@ def kernel_flops(mod: tvm.IRModule) -> dict[str, float]:
     return flops
 
 
-def _flops_of(name: str, flops: dict[str, float]) -> float | None:
-    """A called kernel's FLOPs: its own name's, else the longest planned name it extends (weight
-    prepacking renames a kernel it splits, e.g. ``fused_conv2d_add`` to ``fused_conv2d_add_prepacked``)."""
+def kernel_precisions(mod: tvm.IRModule) -> dict[str, str]:
+    """What each TIR function of ``mod`` computes in, by name (:func:`schedules.anatomy.kernel_precision`;
+    those of no precision of their own, left out)."""
+    return {
+        gvar.name_hint: precision
+        for gvar, func in mod.functions.items()
+        if isinstance(func, tvm.tirx.PrimFunc) and (precision := kernel_precision(func)) is not None
+    }
+
+
+def _planned_for_kernel(name: str, flops: Mapping[str, T]) -> T | None:
+    """A called kernel's FLOPs (or other planned figure): its own name's, else the longest planned name it
+    extends (weight prepacking renames a kernel it splits, e.g. ``fused_conv2d_add`` to
+    ``fused_conv2d_add_prepacked``)."""
     if name in flops:
         return flops[name]
     prefixes = [k for k in flops if name.startswith(k)]
@@ -85,6 +99,7 @@ def build_profile(
     latency_ms: float | None = None,
     limits: MachineLimits | None = None,
     onnxruntime_latency_ms: float | None = None,
+    precisions: Mapping[str, str] | None = None,
 ) -> ModelProfile:
     """The profile of one model from its profiled calls (:func:`tuner.timing.profile_runs.tvm_kernel_calls`),
     its kernels' FLOPs and, optionally, onnxruntime's profile
@@ -112,7 +127,7 @@ def build_profile(
     ort_calls: dict[str, set[int]] = defaultdict(set)
     nodes: tuple[OnnxruntimeNode, ...] = ()
     if onnxruntime is not None:
-        kiln_calls = [KilnCall(c["name"], _flops_of(c["name"], flops)) for c in kernel_calls]
+        kiln_calls = [KilnCall(c["name"], _planned_for_kernel(c["name"], flops)) for c in kernel_calls]
         ort_nodes = [OrtNode(n["name"], n["op"], n["us"], n.get("flops")) for n in onnxruntime["nodes"]]
         matches = match_nodes(kiln_calls, ort_nodes)
         matched_nodes = []
@@ -132,11 +147,12 @@ def build_profile(
             calls=len(times[name]),
             total_us=sum(times[name]),
             share=sum(times[name]) / total_us if total_us > 0 else 0.0,
-            flops=_flops_of(name, flops),
+            flops=_planned_for_kernel(name, flops),
             bytes=int(np.mean(sizes[name])) or None,
             onnxruntime_us=ort_us.get(name),
             onnxruntime_nodes=tuple(ort_names.get(name, ())),
             matched_calls=len(ort_calls.get(name, ())),
+            precision=_planned_for_kernel(name, precisions or {}),
         )
         for name in order
     ]
@@ -171,6 +187,7 @@ def profile_model(
     limits: MachineLimits | None = None,
     budget_s: float = 2.0,
     onnxruntime_latency_ms: float | None = None,
+    precisions: Mapping[str, str] | None = None,
 ) -> ModelProfile:
     """Profile the compiled model at ``tuned_lib`` (and onnxruntime on ``onnx_file`` when given), each in a
     fresh process for about ``budget_s`` seconds of runs, on ``inputs``."""
@@ -193,6 +210,7 @@ def profile_model(
         latency_ms=latency_ms,
         limits=limits,
         onnxruntime_latency_ms=onnxruntime_latency_ms,
+        precisions=precisions,
     )
 
 
@@ -244,6 +262,11 @@ def host_limits(
     by the next callers, up to :data:`LIMIT_MEASUREMENTS` times in all, each figure kept at its best."""
     key = host_key(target)
     cached = store.get_machine_limits(key)
+    if cached is not None and cached.version < LIMITS_VERSION:
+        log.info(
+            "this machine's limits were kept by an older Kiln, without its int8 and bf16 peaks: measured again"
+        )
+        cached = None  # replaced, not merged: its figures were not the same set
     if cached is not None and (not cached.disturbed or cached.measurements >= LIMIT_MEASUREMENTS):
         return cached
     measured = measure(target)

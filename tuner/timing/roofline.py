@@ -31,6 +31,7 @@ from kiln_tvm import tvm
 from schedules.loops import fp32_lanes
 from schedules.poly.caches import SYSFS_CACHE_DIR, read_sysfs_caches
 from tuner.entities import MachineLimits
+from tuner.entities.profile import LIMITS_VERSION
 from tuner.targets import to_tvm_target
 from tuner.timing.cpu_share import BUSY_CPU_SHARE, OtherCpuSampler
 
@@ -122,6 +123,20 @@ def stream_array_bytes(last_level_cache: int | None) -> int:
     return min(MAX_STREAM_BYTES, max(MIN_STREAM_BYTES, 4 * (last_level_cache or 0)))
 
 
+def rate_timer(func: Any, args: list[Any], work_per_iteration: float, repeats: int) -> Callable[[], float]:
+    """A timer of a peak kernel ``func(*args, iterations)``: each call calibrates the iterations to
+    :data:`_REPEAT_S` a repeat and returns the best rate of ``repeats`` repeats, in G work per second."""
+
+    def rate() -> float:
+        iterations = 10_000
+        seconds = _best_seconds(func, [*args, iterations], 1)
+        iterations = max(iterations, int(iterations * _REPEAT_S / max(seconds, 1e-6)))
+        seconds = _best_seconds(func, [*args, iterations], repeats)
+        return work_per_iteration * iterations / seconds / 1e9
+
+    return rate
+
+
 def _best_seconds(func: Any, args: list[Any], repeats: int) -> float:
     """The fastest of ``repeats`` timed calls (after one untimed)."""
     func(*args)
@@ -144,16 +159,7 @@ def fma_peak_timer(target: dict[str, Any], threads: int, repeats: int = _REPEATS
     func = lib.mod["fma_peak"]
     seed = tvm.runtime.tensor(np.array([1.0] * lanes + [1e-7] * lanes, dtype="float32"))
     out = tvm.runtime.tensor(np.zeros((threads, lanes * FMA_CHAINS), dtype="float32"))
-    flop_per_iteration = 2 * lanes * FMA_CHAINS * threads
-
-    def gflops() -> float:
-        iterations = 10_000
-        seconds = _best_seconds(func, [seed, out, iterations], 1)
-        iterations = max(iterations, int(iterations * _REPEAT_S / max(seconds, 1e-6)))
-        seconds = _best_seconds(func, [seed, out, iterations], repeats)
-        return flop_per_iteration * iterations / seconds / 1e9
-
-    return gflops
+    return rate_timer(func, [seed, out], 2 * lanes * FMA_CHAINS * threads, repeats)
 
 
 def bandwidth_timer(
@@ -206,8 +212,11 @@ def quiet_best(
 def measure_limits(
     target: dict[str, Any], repeats: int = _REPEATS, pauses_s: tuple[float, ...] = QUIET_PAUSES_S
 ) -> MachineLimits:
-    """Measure this machine's FMA peak (one thread and all) and triad bandwidth for a host CPU ``target``,
-    each taken again while other processes keep the machine busy (:func:`quiet_best`)."""
+    """Measure this machine's FMA peak (one thread and all), triad bandwidth, and int8 and bf16 peaks (all
+    threads, :mod:`tuner.timing.dot_peaks`) for a host CPU ``target``, each taken again while other
+    processes keep the machine busy (:func:`quiet_best`)."""
+    from tuner.timing.dot_peaks import DOT_CHAINS, dot_peak_timer, target_dot_products
+
     threads = int(target.get("num-cores") or 1)
     lanes = fp32_lanes(to_tvm_target(target))
     figures = [quiet_best(fma_peak_timer(target, 1, repeats), pauses_s)]
@@ -215,6 +224,12 @@ def measure_limits(
         figures.append(quiet_best(fma_peak_timer(target, threads, repeats), pauses_s))
     figures.append(quiet_best(bandwidth_timer(target, threads, repeats), pauses_s))
     peak_one, peak_all, bandwidth = figures[0][0], figures[-2][0], figures[-1][0]
+    dots = target_dot_products(target)
+    dot_peaks = {
+        name: quiet_best(dot_peak_timer(dot, target, threads, repeats), pauses_s)
+        for name, dot in dots.items()
+    }
+    figures.extend(dot_peaks.values())
     shares = [share for _, share in figures if share is not None]
     other_cpu_share = max(shares) if shares else None
     how = (
@@ -224,6 +239,12 @@ def measure_limits(
         f"counted per pass, best of {repeats}; each taken again (up to {len(pauses_s)} times) while other "
         f"processes used more than {100 * BUSY_CPU_SHARE:.0f} % of the CPUs"
     )
+    if dots:
+        how += "; " + ", ".join(
+            f"{name} peak: {DOT_CHAINS} independent chains of {dot.instruction} per thread, operations "
+            "counted as FLOPs (a multiply-accumulate counts 2)"
+            for name, dot in dots.items()
+        )
     return MachineLimits(
         peak_gflops=peak_all,
         peak_gflops_one_thread=peak_one,
@@ -233,4 +254,9 @@ def measure_limits(
         how=how,
         other_cpu_share=other_cpu_share,
         disturbed=other_cpu_share is not None and other_cpu_share > BUSY_CPU_SHARE,
+        int8_gops=dot_peaks["int8"][0] if "int8" in dot_peaks else None,
+        int8_instruction=dots["int8"].instruction if "int8" in dots else None,
+        bf16_gflops=dot_peaks["bf16"][0] if "bf16" in dot_peaks else None,
+        bf16_instruction=dots["bf16"].instruction if "bf16" in dots else None,
+        version=LIMITS_VERSION,
     )

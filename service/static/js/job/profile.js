@@ -78,11 +78,14 @@ export function rooflineChart(container, hover, limits, kernels) {
   const peak = xs.map(() => limits.peak_gflops);
   const bandwidth = xs.map((x) => (limits.bandwidth_gbs * x <= limits.peak_gflops * 4 ? limits.bandwidth_gbs * x : null));
   const measured = xs.map((x) => (byX.has(x) ? byX.get(x).y : null));
+  // The int8 and bf16 dot products' peaks, where the CPU has them: the roofs of the kernels in those precisions.
+  const dotPeaks = [["int8", limits.int8_gops, "#7c3aed"], ["bf16", limits.bf16_gflops, "#0f766e"]].filter(([, v]) => v);
+  const topPeak = Math.max(limits.peak_gflops, ...dotPeaks.map(([, v]) => v));
   const minY = Math.min(...points.map((p) => p.y), limits.bandwidth_gbs * lo) / 2;
   const opts = {
     width: Math.max(360, container.clientWidth || 640),
     height: 320,
-    scales: { x: { time: false, distr: 3 }, y: { distr: 3, range: [minY, limits.peak_gflops * 2] } },
+    scales: { x: { time: false, distr: 3 }, y: { distr: 3, range: [minY, topPeak * 2] } },
     legend: { live: false },  // the series' names; a kernel under the cursor is named in the line below
     axes: [{ label: "arithmetic intensity (FLOP / byte)" }, { label: "GFLOP/s", size: 70 }],
     series: [
@@ -91,6 +94,7 @@ export function rooflineChart(container, hover, limits, kernels) {
       { label: `FMA peak ${limits.peak_gflops.toFixed(0)} GFLOP/s`, stroke: "#c2410c", width: 1, dash: [6, 4], points: { show: false } },
       { label: `bandwidth ${limits.bandwidth_gbs.toFixed(1)} GB/s`, stroke: "#1d4ed8", width: 1, dash: [6, 4], points: { show: false }, spanGaps: false },
       { label: "kernels", stroke: "#15803d", width: 0, paths: () => null, points: { show: true, size: 9, fill: "#15803d" } },
+      ...dotPeaks.map(([name, value, color]) => ({ label: `${name} peak ${value.toFixed(0)} GOP/s`, stroke: color, width: 1, dash: [2, 3], points: { show: false } })),
     ],
     hooks: {
       setCursor: [(u) => {
@@ -100,7 +104,8 @@ export function rooflineChart(container, hover, limits, kernels) {
       }],
     },
   };
-  return new window.uPlot(opts, [xs, roof, peak, bandwidth, measured], container);
+  const dotLines = dotPeaks.map(([, value]) => xs.map(() => value));
+  return new window.uPlot(opts, [xs, roof, peak, bandwidth, measured, ...dotLines], container);
 }
 
 export function profileView(jobId) {
@@ -142,7 +147,7 @@ export function profileView(jobId) {
       return;
     }
     const l = profile.limits;
-    fill(machine, l ? `This machine (${l.host}): fp32 FMA peak ${l.peak_gflops.toFixed(1)} GFLOP/s on ${l.threads} thread(s), STREAM triad ${l.bandwidth_gbs.toFixed(1)} GB/s, ridge at ${l.ridge_intensity.toFixed(1)} FLOP/B. ${l.how}.${l.disturbed ? ` Other processes used ${(100 * l.other_cpu_share).toFixed(0)} % of the CPUs through every try: these roofs may be low (best of ${l.measurements} measurement(s); the next jobs measure them again).` : ""}` : "This machine's limits were not measured.");
+    fill(machine, l ? `This machine (${l.host}): fp32 FMA peak ${l.peak_gflops.toFixed(1)} GFLOP/s on ${l.threads} thread(s), STREAM triad ${l.bandwidth_gbs.toFixed(1)} GB/s, ridge at ${l.ridge_intensity.toFixed(1)} FLOP/B${l.int8_gops ? `, int8 peak ${l.int8_gops.toFixed(1)} GOP/s (${l.int8_instruction})` : ""}${l.bf16_gflops ? `, bf16 peak ${l.bf16_gflops.toFixed(1)} GFLOP/s (${l.bf16_instruction})` : ""}. ${l.how}.${l.disturbed ? ` Other processes used ${(100 * l.other_cpu_share).toFixed(0)} % of the CPUs through every try: these roofs may be low (best of ${l.measurements} measurement(s); the next jobs measure them again).` : ""}` : "This machine's limits were not measured.");
     if (l) rooflineChart(chart, hover, l, profile.kernels);
     const beside = profile.run_us ? `; the kernels ${profile.kernels_us.toFixed(1)} µs, ${(100 * profile.kernels_us / profile.run_us).toFixed(0)} % of the run timed beside them (${profile.run_us.toFixed(1)} µs)` : "";
     const measured = profile.latency_ms ? `; the job measured ${(profile.latency_ms * 1e3).toFixed(1)} µs` : "";
