@@ -9,6 +9,7 @@ then requeues its job, which resumes from the records already in the database.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -18,8 +19,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from forkserver import ForkedProcess, shared_fork_server
 from tuner.entities import Job, JobStatus, TaskGroup, TaskGroupStatus
@@ -146,8 +148,9 @@ class Worker:
         return self.store.get_job(group.job_id)
 
     def _supervise_group(self, group: TaskGroup) -> None:
-        # The group's tuning process heartbeats the group itself; this watches that the group stays ours
-        # (its job may give up on it, or requeue it) and records a process that ended without finishing it.
+        # The group's tuning process heartbeats the group itself; the supervision watches that the group
+        # stays ours (its job may give up on it, or requeue it), and is held to the job's limits like the
+        # job's own tuning process: its memory (the process tree's) and its time at tuning.
         with Heartbeat(
             lambda: self.store.heartbeat_task_group(group.id, self.name) is not None,
             self._beat_s,
@@ -155,44 +158,19 @@ class Worker:
         ):
             child = _start_tuning_process(self.name, self.settings, group_id=group.id)
         self.child_pid = child.pid
-        # Held to the job's limits like the job's own tuning process: its memory (the process tree's) and
-        # its time at tuning.
         job = self.store.get_job(group.job_id)
         watch = JobWatch(JobLimits.from_settings(self.settings), child.pid, job.spec.time_budget_s)
-        released = False
-        limit_reason: str | None = None
-        next_check = 0.0
-        try:
-            while True:
-                try:
-                    child.wait(timeout=_SUPERVISE_POLL_S / 4)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if self._stop.is_set():
-                    released = True
-                    break
-                limit_reason = watch.check(TUNING_STAGE)
-                if limit_reason is not None:
-                    break
-                if time.monotonic() < next_check:
-                    continue
-                next_check = time.monotonic() + _SUPERVISE_POLL_S
-                current = self.store.get_task_group(group.id)
-                if (
-                    current is None
-                    or current.status is not TaskGroupStatus.RUNNING
-                    or current.worker != self.name
-                ):
-                    break  # taken back, or given up by its job: stop tuning it
-        finally:
-            _kill_process_group(child)
-        if released:
+        outcome, limit_reason = self._supervise_process(
+            child, watch, _GroupTenure(self.store, group.id, self.name)
+        )
+        if outcome is Outcome.RELEASED:
             reason = f"worker {self.name} stopped"
             self.store.release_task_group(
                 group.id, self.name, reason, self.settings.max_attempts, counted=False
             )
             return
+        if outcome is Outcome.LOST:
+            return  # taken back, or given up by its job
         reason = limit_reason or describe_exit(child.returncode, f"tuning task group {group.index}")
         if self.store.release_task_group(group.id, self.name, reason, self.settings.max_attempts) is not None:
             log.warning("task group %d of job %s: %s", group.index, group.job_id, reason)
@@ -209,66 +187,57 @@ class Worker:
             child = _start_tuning_process(self.name, self.settings, job_id=job.id)
         self.child_pid = child.pid
         watch = JobWatch(JobLimits.from_settings(self.settings), child.pid, job.spec.time_budget_s)
-        stage = job.stage
-        outcome = "exited"
-        limit_reason: str | None = None
+        tenure = _JobTenure(self.store, job.id, self.name, stage=job.stage)
+        outcome, limit_reason = self._supervise_process(child, watch, tenure)
+        if limit_reason is not None:
+            log.warning("job %s stopped at a limit: %s", job.id, limit_reason)
+        self._record_outcome(job, child.returncode, outcome, limit_reason)
+
+    def _supervise_process(
+        self, child: ForkedProcess, watch: JobWatch, tenure: _Tenure
+    ) -> tuple[Outcome, str | None]:
+        """Watch a tuning process until it ends, the worker is stopped, its work is no longer this
+        worker's, it passes a limit, or a cancelled job's process outlives its grace period; then kill its
+        process group. Returns how it ended, and the limit's reason."""
         cancel_deadline: float | None = None
         next_beat = 0.0
         try:
             while True:
                 try:
                     child.wait(timeout=_SUPERVISE_POLL_S / 4)
-                    break
+                    return Outcome.EXITED, None
                 except subprocess.TimeoutExpired:
                     pass
                 now = time.monotonic()
                 if self._stop.is_set():
-                    outcome = "released"
-                    break
+                    return Outcome.RELEASED, None
                 if now >= next_beat:
                     next_beat = now + self._beat_s
-                    current = self._beat(job.id)
-                    if current is False:
-                        if self.store.get_job(job.id).status.finished:
+                    ours = tenure.beat()
+                    if ours is False:
+                        if tenure.finished:
                             with contextlib.suppress(subprocess.TimeoutExpired):
-                                child.wait(timeout=_FINISHED_EXIT_S)  # the job is done; let it exit
-                            break
-                        outcome = "lost"  # requeued by another worker meanwhile
-                        break
-                    if current is not None:
-                        stage = current.stage
-                        if current.cancel_requested and cancel_deadline is None:
-                            log.info("job %s: cancel requested; stopping its tuning process", job.id)
-                            cancel_deadline = now + self.settings.cancel_grace_s
-                limit_reason = watch.check(stage)
+                                child.wait(timeout=_FINISHED_EXIT_S)  # its outcome is recorded; let it exit
+                            return Outcome.EXITED, None
+                        return Outcome.LOST, None
+                    if ours and tenure.cancel_requested and cancel_deadline is None:
+                        log.info("%s: cancel requested; stopping its tuning process", tenure.what)
+                        cancel_deadline = now + self.settings.cancel_grace_s
+                limit_reason = watch.check(tenure.stage)
                 if limit_reason is not None:
-                    outcome = "limit"
-                    break
+                    return Outcome.LIMIT, limit_reason
                 if cancel_deadline is not None and now >= cancel_deadline:
-                    outcome = "cancelled"
-                    break
+                    return Outcome.CANCELLED, None
         finally:
             _kill_process_group(child)
-        if limit_reason is not None:
-            log.warning("job %s stopped at a limit: %s", job.id, limit_reason)
-        self._record_outcome(job, child.returncode, outcome, limit_reason)
-
-    def _beat(self, job_id: str) -> Job | bool | None:
-        """The job after a heartbeat; False when it is no longer ours; None on a database error."""
-        try:
-            current = self.store.heartbeat(job_id, self.name)
-        except Exception:
-            log.exception("heartbeat of job %s failed; retrying", job_id)
-            return None
-        return False if current is None else current
 
     def _record_outcome(
-        self, job: Job, exitcode: int | None, outcome: str, limit_reason: str | None = None
+        self, job: Job, exitcode: int | None, outcome: Outcome, limit_reason: str | None = None
     ) -> None:
-        if outcome == "lost":
+        if outcome is Outcome.LOST:
             log.warning("job %s was taken from worker %s; its tuning process was stopped", job.id, self.name)
             return
-        if outcome == "released" and self.store.release_job(job.id, self.name):
+        if outcome is Outcome.RELEASED and self.store.release_job(job.id, self.name):
             log.info("worker %s handed job %s back to the queue", self.name, job.id)
             return
         current = self.store.get_job(job.id)
@@ -277,7 +246,7 @@ class Worker:
         trials = self.store.count_records(job_id=job.id)
         if limit_reason is not None:
             status, error = JobStatus.FAILED, limit_reason
-        elif outcome == "cancelled" or current.cancel_requested:
+        elif outcome is Outcome.CANCELLED or current.cancel_requested:
             status = JobStatus.CANCELLED
             error = f"cancelled by the user; the {trials} records measured so far were kept"
         else:
@@ -285,6 +254,87 @@ class Worker:
             error = describe_exit(exitcode, current.stage, crash_report_path(self.settings.jobs_dir, job.id))
         with contextlib.suppress(Conflict):
             self.store.finish_job(job.id, status, error=error)
+
+
+class Outcome(enum.Enum):
+    """How a supervised tuning process ended, as its worker saw it."""
+
+    EXITED = "exited"  # by itself: its outcome recorded, or a crash
+    RELEASED = "released"  # the worker was asked to stop: the work goes back to the queue, uncounted
+    LOST = "lost"  # the work is no longer this worker's (requeued, taken over, given up by its job)
+    LIMIT = "limit"  # stopped at a memory or time limit
+    CANCELLED = "cancelled"  # its job was cancelled and it outlived the grace period
+
+
+class _Tenure(Protocol):
+    """What a supervised tuning process holds for its worker, a job or a split job's task group: whether
+    it still does (:meth:`beat`), at which stage, and whether its user asked it to stop."""
+
+    what: str
+    stage: str | None
+    cancel_requested: bool
+    finished: bool  # no longer held because it ended (its outcome recorded), not because it was taken
+
+    def beat(self) -> bool | None:
+        """True while it is still this worker's; False once not; None on a database error (asked again)."""
+        ...
+
+
+@dataclass
+class _JobTenure:
+    """A job: the supervisor heartbeats it, and reads its stage and cancel request on the way."""
+
+    store: Store
+    job_id: str
+    worker: str
+    stage: str | None = None
+    cancel_requested: bool = False
+    finished: bool = False
+
+    @property
+    def what(self) -> str:
+        return f"job {self.job_id}"
+
+    def beat(self) -> bool | None:
+        try:
+            current = self.store.heartbeat(self.job_id, self.worker)
+            if current is None:
+                self.finished = self.store.get_job(self.job_id).status.finished
+                return False
+        except Exception:
+            log.exception("heartbeat of job %s failed; retrying", self.job_id)
+            return None
+        self.stage, self.cancel_requested = current.stage, current.cancel_requested
+        return True
+
+
+@dataclass
+class _GroupTenure:
+    """A split job's task group: its tuning process heartbeats it; the supervisor checks it is still this
+    worker's (a cancelled job's groups are closed by the job's worker)."""
+
+    store: Store
+    group_id: int
+    worker: str
+    stage: str | None = TUNING_STAGE
+    cancel_requested: bool = False
+    finished: bool = False
+
+    @property
+    def what(self) -> str:
+        return f"task group {self.group_id}"
+
+    def beat(self) -> bool | None:
+        try:
+            current = self.store.get_task_group(self.group_id)
+        except Exception:
+            log.exception("reading task group %d failed; retrying", self.group_id)
+            return None
+        return (
+            current is not None
+            and current.status is TaskGroupStatus.RUNNING
+            and current.worker == self.worker
+        )
 
 
 class WorkerPool:
