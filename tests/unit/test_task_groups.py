@@ -16,6 +16,7 @@ from tuner.errors import InvalidSpec
 from tuner.jobs.recorder import recount_tasks
 from tuner.jobs.stop import JobStopCheck, StopReason, stop_reason
 from tuner.jobs.task_groups import group_trials, split_tasks, tune_split
+from tuner.jobs.worker import Outcome, Worker
 from tuner.settings import Settings
 from tuner.store import Store
 from tuner.store.orm import utcnow
@@ -233,3 +234,16 @@ def test_why_a_job_s_tuning_stops(store: Store) -> None:
     assert stop_reason(replace(job, cancel_requested=True), "owner") is StopReason.CANCELLED
     assert stop_reason(replace(job, status=JobStatus.FAILED), "owner") is StopReason.ENDED
     assert [r.ends_job for r in StopReason] == [True, True, False]
+
+
+def test_a_tuning_process_that_ends_after_its_job_was_taken_over_records_nothing(
+    store: Store, settings: Settings
+) -> None:
+    """The supervisor of a process that exited once the job was no longer its own (it stopped on seeing
+    the takeover) leaves the job to its new owner, rather than failing it for the exit."""
+    job = store.mark_job_running(add_job(store), "old")
+    store.requeue_stale(stale_after_s=0, max_attempts=3)
+    assert store.claim_job("new").id == job.id
+    Worker(settings, "old", store)._record_outcome(job, 0, Outcome.EXITED)
+    now = store.get_job(job.id)
+    assert (now.status, now.worker, now.error) == (JobStatus.RUNNING, "new", None)

@@ -243,6 +243,9 @@ class Worker:
         current = self.store.get_job(job.id)
         if current.status is not JobStatus.RUNNING:
             return  # the tuning process recorded the outcome itself
+        if current.worker != self.name:  # taken over while its process ended: the new owner's now
+            log.warning("job %s was taken from worker %s as its tuning process ended", job.id, self.name)
+            return
         trials = self.store.count_records(job_id=job.id)
         if limit_reason is not None:
             status, error = JobStatus.FAILED, limit_reason
