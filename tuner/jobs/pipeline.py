@@ -271,7 +271,8 @@ def _tune(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder
 
 def _compile(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder) -> _Built:
     """Compile each kernel with its best record; a kernel without one gets the best schedule Kiln can build
-    without measuring (the same choice as the torch.compile backend's), never serial loops."""
+    without measuring (the same choice as the torch.compile backend's); serial loops only where no rule,
+    modelled tiling or design-space sample applies."""
     recorder.stage("compiling")
     chosen, choices = choose_schedules(
         planned.plan.tasks, planned.target, planned.database, job_caches(settings, job.spec)
