@@ -41,7 +41,7 @@ class ScheduleSource(str, Enum):
     TUNED = "tuned"  # the best measured record in Kiln's store
     SIMILAR = "similar"  # a measured record of the same operator at other shapes, its tiles adapted
     RULE = "rule"  # a default rule (schedules.defaults)
-    MODEL = "model"  # the polyhedral model's best-ranked tiling, not measured
+    POLYHEDRAL_MODEL = "model"  # the polyhedral model's best-ranked tiling, not measured (not the cost model)
     SAMPLED = "sampled"  # a sample of MetaSchedule's design space, not measured
     NONE = "none"  # left unscheduled: serial loops
 
@@ -142,7 +142,7 @@ def untuned_schedule(
         poly = _context(mod, target, task_name, "cpu-poly", caches=caches, cores=cores)
         seeds = seed_schedules(poly, MachineModel(fp32_lanes(target), cores, caches), 1, unmeasured=True)
         if seeds:
-            return ScheduleSource.MODEL, seeds[0]
+            return ScheduleSource.POLYHEDRAL_MODEL, seeds[0]
         sampled = _design_space_sample(_context(mod, target, task_name, "cpu", caches=caches, cores=cores))
     except Exception as exc:  # noqa: BLE001 - a kernel no generator takes is compiled unscheduled
         log.info("no untuned schedule of %s: %s", task_name, str(exc).splitlines()[0] if str(exc) else exc)
