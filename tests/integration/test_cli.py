@@ -311,9 +311,13 @@ def test_machine_measures_the_roofs_of_this_cpu(tmp_path: Path) -> None:
             assert limits[figure] > 0 and limits[f"{precision}_instruction"] == dots[precision].instruction
         else:
             assert limits[figure] is None and limits[f"{precision}_instruction"] is None
-    # Measured once per host: the next call reads what was kept; --measure measures again.
+    # Measured once per host: the next call reads what was kept (limits measured while other processes
+    # kept the CPUs busy are measured again, and the best of both kept); --measure measures again.
     kept = json.loads(kiln("machine", "--json", data_dir=tmp_path).stdout)
-    assert kept == limits
+    if limits["disturbed"]:
+        assert kept["measurements"] == 2 and kept["peak_gflops"] >= limits["peak_gflops"]
+    else:
+        assert kept == limits
     table = kiln("machine", data_dir=tmp_path).stdout
     assert ("int8 peak" in table) == ("int8" in dots) and ("bf16 peak" in table) == ("bf16" in dots)
     again = json.loads(kiln("machine", "--json", "--measure", data_dir=tmp_path).stdout)

@@ -106,7 +106,13 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     step = output_step(model_proto)
     x = np.random.default_rng(5).standard_normal((1, 8, 12, 12)).astype(np.float32)
     got = run_artifact_in_fresh_process(Path(result.artifact.path), x, tmp_path)
-    assert np.abs(got - onnxruntime_output(path, x)).max() <= 1.001 * step
+    expected = reference_output(path, x)
+    assert np.abs(got - expected).max() <= 1.001 * step
+    # onnxruntime as users run it, where it is itself within a step of the reference: on a CPU without
+    # VNNI its u8 x s8 kernels saturate (4 steps off on this convolution on a Zen 3).
+    ort = onnxruntime_output(path, x)
+    if np.abs(ort - expected).max() <= 1.001 * step:
+        assert np.abs(got - ort).max() <= 1.001 * step
 
     # Plain TVM reads the artifact's records in a process that never imported Kiln: on a VNNI CPU after
     # importing only the kiln_intrinsics package the artifact ships (without it, the VNNI records cannot be
