@@ -29,11 +29,10 @@ import numpy as np
 from kiln_tvm import tir_script as T
 from kiln_tvm import tvm
 from tuner.targets import to_tvm_target
-from tuner.timing.roofline import rate_timer
+from tuner.timing.peak_timer import REPEATS, rate_timer
 
 #: Independent accumulator chains per thread (as the FMA peak's: they fit AVX2's 16 registers).
 DOT_CHAINS = 12
-_REPEATS = 5
 _FUNCTION = "kiln_dot_peak"
 
 
@@ -207,7 +206,7 @@ def compile_dot_peak(dot: DotProduct, target: Any, threads: int, chains: int = D
 
 
 def dot_peak_timer(
-    dot: DotProduct, target: dict[str, Any], threads: int, repeats: int = _REPEATS
+    dot: DotProduct, target: dict[str, Any], threads: int, repeats: int = REPEATS
 ) -> Callable[[], float]:
     """:func:`dot_peak_kernel` compiled for ``threads`` threads of this machine: each call times it and
     returns its G operations per second (the compile paid once, outside every timing)."""

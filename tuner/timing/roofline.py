@@ -34,6 +34,8 @@ from tuner.entities import MachineLimits
 from tuner.entities.profile import LIMITS_VERSION
 from tuner.targets import to_tvm_target
 from tuner.timing.cpu_share import BUSY_CPU_SHARE, OtherCpuSampler
+from tuner.timing.dot_peaks import DOT_CHAINS, dot_peak_timer, target_dot_products
+from tuner.timing.peak_timer import REPEATS, best_seconds, rate_timer
 
 #: Independent accumulator chains per thread in the FMA kernel.
 FMA_CHAINS = 12
@@ -43,9 +45,6 @@ MIN_STREAM_BYTES = 64 << 20
 #: seen, which made the first job on a host allocate ~6 GB), and 128 MiB already leaves any cache a worker's
 #: cores can use.
 MAX_STREAM_BYTES = 128 << 20
-_REPEATS = 5
-# One repeat of a kernel runs about this long (its iteration count is calibrated to it).
-_REPEAT_S = 0.05
 #: Pauses before each new try of a figure measured while the machine was busy (a job's own helpers are
 #: busy for a few seconds at most: a fork server loading TVM, a runtime's thread pool spinning down).
 QUIET_PAUSES_S = (0.5, 1.0, 2.0)
@@ -123,32 +122,7 @@ def stream_array_bytes(last_level_cache: int | None) -> int:
     return min(MAX_STREAM_BYTES, max(MIN_STREAM_BYTES, 4 * (last_level_cache or 0)))
 
 
-def rate_timer(func: Any, args: list[Any], work_per_iteration: float, repeats: int) -> Callable[[], float]:
-    """A timer of a peak kernel ``func(*args, iterations)``: each call calibrates the iterations to
-    :data:`_REPEAT_S` a repeat and returns the best rate of ``repeats`` repeats, in G work per second."""
-
-    def rate() -> float:
-        iterations = 10_000
-        seconds = _best_seconds(func, [*args, iterations], 1)
-        iterations = max(iterations, int(iterations * _REPEAT_S / max(seconds, 1e-6)))
-        seconds = _best_seconds(func, [*args, iterations], repeats)
-        return work_per_iteration * iterations / seconds / 1e9
-
-    return rate
-
-
-def _best_seconds(func: Any, args: list[Any], repeats: int) -> float:
-    """The fastest of ``repeats`` timed calls (after one untimed)."""
-    func(*args)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        func(*args)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def fma_peak_timer(target: dict[str, Any], threads: int, repeats: int = _REPEATS) -> Callable[[], float]:
+def fma_peak_timer(target: dict[str, Any], threads: int, repeats: int = REPEATS) -> Callable[[], float]:
     """:func:`fma_peak_kernel` compiled for ``threads`` threads of this machine: each call times it and
     returns its fp32 GFLOP/s (the compile paid once, outside every timing)."""
     tvm_target = to_tvm_target(target)
@@ -163,7 +137,7 @@ def fma_peak_timer(target: dict[str, Any], threads: int, repeats: int = _REPEATS
 
 
 def bandwidth_timer(
-    target: dict[str, Any], threads: int, repeats: int = _REPEATS, array_bytes: int | None = None
+    target: dict[str, Any], threads: int, repeats: int = REPEATS, array_bytes: int | None = None
 ) -> Callable[[], float]:
     """The triad compiled for ``threads`` threads over three arrays of ``array_bytes`` each (default: 4x the
     last-level cache, within :data:`MIN_STREAM_BYTES` and :data:`MAX_STREAM_BYTES`): each call times it
@@ -176,11 +150,11 @@ def bandwidth_timer(
     length = max(chunk, array_bytes // 4 // chunk * chunk)
     lib = tvm.compile(tvm.IRModule({"triad": triad_kernel(length, lanes, threads)}), target=tvm_target)
     arrays = [tvm.runtime.tensor(np.full(length, value, dtype="float32")) for value in (1.0, 2.0, 0.0)]
-    return lambda: 3 * 4 * length / _best_seconds(lib.mod["triad"], arrays, repeats) / 1e9
+    return lambda: 3 * 4 * length / best_seconds(lib.mod["triad"], arrays, repeats) / 1e9
 
 
 def measure_bandwidth(
-    target: dict[str, Any], threads: int, repeats: int = _REPEATS, array_bytes: int | None = None
+    target: dict[str, Any], threads: int, repeats: int = REPEATS, array_bytes: int | None = None
 ) -> float:
     """STREAM triad GB/s on ``threads`` threads (see :func:`bandwidth_timer`)."""
     return bandwidth_timer(target, threads, repeats, array_bytes)()
@@ -210,12 +184,11 @@ def quiet_best(
 
 
 def measure_limits(
-    target: dict[str, Any], repeats: int = _REPEATS, pauses_s: tuple[float, ...] = QUIET_PAUSES_S
+    target: dict[str, Any], repeats: int = REPEATS, pauses_s: tuple[float, ...] = QUIET_PAUSES_S
 ) -> MachineLimits:
     """Measure this machine's FMA peak (one thread and all), triad bandwidth, and int8 and bf16 peaks (all
     threads, :mod:`tuner.timing.dot_peaks`) for a host CPU ``target``, each taken again while other
     processes keep the machine busy (:func:`quiet_best`)."""
-    from tuner.timing.dot_peaks import DOT_CHAINS, dot_peak_timer, target_dot_products
 
     threads = int(target.get("num-cores") or 1)
     lanes = fp32_lanes(to_tvm_target(target))
