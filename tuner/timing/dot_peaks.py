@@ -153,7 +153,7 @@ def peak_ir(dot: DotProduct, chains: int) -> str:
         step = dot.step_ir.replace("%acc", f"%acc{c}").replace("%next", f"%next{c}")
         for name in ("%signed", "%pairs", "%quads"):
             step = step.replace(name, f"{name}{c}")
-        lines.append(f"  {step}".replace("\n  ", "\n  "))
+        lines.append(f"  {step}")
     lines += [
         "  %i.next = add i32 %i, 1",
         "  %more = icmp slt i32 %i.next, %n",
