@@ -37,6 +37,7 @@ from poly import best_after, trials_to_reach
 from kiln_tvm import estimate_flops, ms, physical_core_count
 from schedules.poly.caches import host_caches
 from schedules.spaces import SpaceOptions
+from tuner.entities import Budget
 from tuner.frontend import load_model
 from tuner.metaschedule.callback import TrialBatch
 from tuner.metaschedule.cost_model import RankingCostModel, load_cost_model, xgb_model
@@ -44,7 +45,7 @@ from tuner.passes.plan import plan_graph
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import canonical_target_key, resolve_target, to_tvm_target
-from tuner.tune import Budget, MeasureConfig, tune_tasks
+from tuner.tune import MeasureConfig, tune_tasks
 
 SEED = 0
 #: Within this share of the best latency either condition found: "reached".

@@ -83,9 +83,10 @@ def child(kernel: str, space: str, seed: int, trials: int, out: Path) -> None:
     from kiln_tvm import ms
     from schedules.poly.caches import host_caches
     from schedules.spaces import SpaceOptions
+    from tuner.entities import Budget
     from tuner.metaschedule.callback import TrialBatch
     from tuner.targets import host_target, to_tvm_target
-    from tuner.tune import Budget, MeasureConfig, tune_tasks
+    from tuner.tune import MeasureConfig, tune_tasks
 
     target = to_tvm_target(host_target())
     curve: list[float | None] = []

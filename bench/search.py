@@ -81,7 +81,8 @@ def _tune_stock(
 def _tune_kiln(
     config: str, tasks: list[Any], target: Any, database: Any, trials: int, work_dir: Path, seed: int
 ) -> dict[str, float]:
-    from tuner.tune import Budget, MeasureConfig, tune_tasks
+    from tuner.entities import Budget
+    from tuner.tune import MeasureConfig, tune_tasks
 
     measure = MeasureConfig(**KILN_CONFIGS[config])
     budget = Budget(trials=trials, seed=seed)

@@ -40,6 +40,7 @@ def serve(
 
     # The web layer sits on top of the core; only this command reaches up to it.
     from service.app import create_app
+    from tuner.jobs.target_check import keep_host_target
 
     overrides: dict[str, Any] = {
         k: v
@@ -74,6 +75,7 @@ def serve(
     if settings.insecure and settings.auth is None and not has_tokens:
         settings = settings.model_copy(update={"auth": "off"})
     log_to_console()
+    keep_host_target(settings.data_dir)
     app_ = create_app(settings, store=store)
     required = app_.state.kiln.auth.required
     shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
@@ -91,10 +93,12 @@ def worker(
     once: Annotated[bool, typer.Option("--once", help="Run at most one job, then exit")] = False,
 ) -> None:
     """Run a standalone worker against the database (many of them, on many machines, with PostgreSQL)."""
+    from tuner.jobs.target_check import keep_host_target
     from tuner.jobs.worker import Worker, stop_on_signals
 
     settings = current_settings()
     log_to_console()
+    keep_host_target(settings.data_dir)
     runner = Worker(settings, name, open_store_for(settings))
     stop_on_signals(runner.stop)
     console.print(f"worker [bold]{runner.name}[/] serving jobs from {runner.store}")

@@ -336,17 +336,28 @@ def _queue(
     the job on it.
 
     A bad spec fails before the model is imported, so nothing is stored for it; an unknown owner before
-    TVM loads (seconds), as :func:`_job_spec` refuses a bad cost model or precision.
+    TVM loads (seconds), as :func:`_job_spec` refuses a bad cost model or precision. TVM loads only for
+    what this machine has not seen: a target not checked here before (:class:`KnownTargets`), a model
+    not stored as it is (:func:`~tuner.model_registry.stored_as_is`).
     """
     _check_owner(store, owner)
     from tuner.frontend import parse_input_values
-    from tuner.jobs.submission import submit_job, validate_spec
+    from tuner.jobs.known_targets import KnownTargets
+    from tuner.jobs.spec_fields import check_spec_fields
+    from tuner.jobs.submission import submit_job
     from tuner.model_registry import register_model
 
-    validate_spec(spec)
+    settings = current_settings()
+    check_spec_fields(spec)
+    known = KnownTargets(settings.data_dir)
+    checked = known.get(spec)
+    if checked is None:
+        from tuner.jobs.target_check import check_target
+
+        checked = check_target(spec)
+        known.put(spec, checked)
     shapes = dict(spec.input_shapes)
     values = parse_input_values(input_value or [])
-    settings = current_settings()
     info, _ = register_model(
         store, settings, model, name=name, input_shapes=shapes, owner=owner, input_values=values
     )
@@ -355,7 +366,9 @@ def _queue(
             store, settings, float_model, input_shapes=shapes, owner=owner, input_values=values
         )
         spec = dataclasses.replace(spec, float_model_id=floats.id)
-    return info, submit_job(store, dataclasses.replace(spec, model_id=info.id), owner, current_settings())
+    return info, submit_job(
+        store, dataclasses.replace(spec, model_id=info.id), owner, settings, checked=checked
+    )
 
 
 def _check_owner(store: Store, owner: str) -> None:

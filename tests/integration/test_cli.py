@@ -16,6 +16,8 @@ import pytest
 from tests.artifacts import run_artifact_in_fresh_process
 from tests.jax_models import export_jax, jax_cnn, jax_outputs
 from tests.model_builders import build_torch_mlp, save_torch_program
+from tuner.settings import Settings
+from tuner.store import Store
 
 # Every test here starts `kiln` processes (TVM loaded in each): seconds each, minutes for the tuning ones.
 pytestmark = pytest.mark.slow
@@ -278,19 +280,41 @@ def tar_manifest(artifact: Path) -> str:
 
 
 def test_submit_queues_a_job_for_the_workers_and_cancel_cancels_it(tmp_path: Path) -> None:
-    submitted = kiln("submit", str(MLP), "--trials", "8", "--seed", "3", data_dir=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr
+    # A worker with nothing to do exits at once with --once; starting, it checked this machine's target.
+    idle = kiln("worker", "--once", data_dir=tmp_path, timeout=120)
+    assert idle.returncode == 0, idle.stderr
+
+    # So the first submission loads no TVM itself (the light probe exits 3 if it did): only the importer's
+    # sandbox, a process of its own, loads it to import the new model.
+    submitted = kiln("submit", str(MLP), "--trials", "8", "--seed", "3", data_dir=tmp_path, light=True)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = submitted.stdout.split("queued job ", 1)[1].split()[0]
     assert "queued" in kiln("jobs", data_dir=tmp_path).stdout
+
+    # The same model again: its bytes are stored as they are, so it is not imported again either.
+    again = kiln("submit", str(MLP), "--trials", "8", "--seed", "4", data_dir=tmp_path, light=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    second_id = again.stdout.split("queued job ", 1)[1].split()[0]
+    store = Store.from_settings(Settings(data_dir=tmp_path, database_url=None))
+    first, second = store.get_job(job_id), store.get_job(second_id)
+    assert second_id != job_id and second.spec.model_id == first.spec.model_id
+    assert (second.target_key, second.spec.target, second.spec.space) == (
+        first.target_key,
+        first.spec.target,
+        first.spec.space,
+    )
+    assert second.spec.seed == 4 and len(store.list_models()) == 1
+    assert kiln("cancel", second_id, data_dir=tmp_path).returncode == 0
+    # A target this machine has not checked loads TVM to check it, and a bad one is refused as before.
+    bad = kiln(
+        "submit", str(MLP), "--trials", "8", "--target", '{"kind": "llvm", "mcpu": "nope"}', data_dir=tmp_path
+    )
+    assert bad.returncode == 2 and "does not know the CPU 'nope'" in " ".join(bad.stderr.split())
 
     cancelled = kiln("cancel", job_id, data_dir=tmp_path)
     assert cancelled.returncode == 0 and f"job {job_id}: cancelled" in cancelled.stdout
     again = kiln("cancel", job_id, data_dir=tmp_path)
     assert again.returncode == 2 and "already finished" in again.stderr
-
-    # A worker with nothing to do exits at once with --once.
-    idle = kiln("worker", "--once", data_dir=tmp_path, timeout=120)
-    assert idle.returncode == 0, idle.stderr
 
 
 def test_machine_measures_the_roofs_of_this_cpu(tmp_path: Path) -> None:

@@ -14,11 +14,12 @@ from schedules.defaults import default_schedule
 from tests.artifacts import onnxruntime_output
 from tests.model_builders import build_attention_scores
 from tuner.compile import LoadedModel, build_tuned
+from tuner.entities import Budget
 from tuner.frontend import load_model
 from tuner.metaschedule.callback import TrialBatch
 from tuner.passes.plan import plan_graph
 from tuner.targets import host_target, to_tvm_target
-from tuner.tune import Budget, MeasureConfig, tune_tasks
+from tuner.tune import MeasureConfig, tune_tasks
 
 pytestmark = pytest.mark.slow
 

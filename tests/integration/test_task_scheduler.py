@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from kiln_tvm import estimate_flops, ms, structural_hash, tvm
-from tuner.entities import MachineLimits, record_latency_s
+from tuner.entities import Budget, MachineLimits, record_latency_s
 from tuner.entities.profile import LIMITS_VERSION
 from tuner.metaschedule.scheduler import ROOFLINE_STOP
 from tuner.targets import host_target, to_tvm_target
-from tuner.tune import Budget, MeasureConfig, roofline_floors_ms, tune_tasks
+from tuner.tune import MeasureConfig, roofline_floors_ms, tune_tasks
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from tuner.compile import LoadedModel, build_untuned
 from tuner.entities import JobSpec, PlanningOptions
 from tuner.errors import InvalidSpec, VerificationFailed
 from tuner.frontend import load_model
-from tuner.jobs.submission import validate_spec
+from tuner.jobs.target_check import validate_spec
 from tuner.passes.plan import plan_graph
 from tuner.passes.precision import RELATIVE_TOLERANCE, native_bf16, precision_compute
 from tuner.targets import host_target, to_tvm_target

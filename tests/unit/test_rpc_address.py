@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import InvalidSpec
-from tuner.rpc.tracker import parse_tracker
+from tuner.rpc.address import parse_tracker
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from tuner.entities import Task
+from tuner.entities import Budget, Task
 from tuner.errors import InvalidSpec
 from tuner.metaschedule.builder import BUILD_TIMEOUT_STEP_S, PooledBuilder, build_timeout
 from tuner.metaschedule.scheduler import KilnTaskScheduler
-from tuner.tune import Budget, _seed_phase_stop, trials_per_iter
+from tuner.tune import _seed_phase_stop, trials_per_iter
 
 
 def test_budget_rejects_negative_trials_and_zero_per_task_cap() -> None:

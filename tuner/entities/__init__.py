@@ -4,6 +4,7 @@ concern, all of them importable from here."""
 from __future__ import annotations
 
 from tuner.entities.access import ApiToken
+from tuner.entities.budget import Budget
 from tuner.entities.job import (
     DEFAULT_TRIALS,
     MAX_JOB_WORKERS,
@@ -49,6 +50,7 @@ __all__ = [
     "AccuracyReport",
     "ApiToken",
     "Artifact",
+    "Budget",
     "BestRecord",
     "BoundInput",
     "DEFAULT_TRIALS",

@@ -29,6 +29,7 @@ from tuner.compile import build_tuned, build_untuned, model_assembly, random_inp
 from tuner.entities import (
     AccuracyReport,
     Artifact,
+    Budget,
     FusionSummary,
     Job,
     JobSpec,
@@ -47,7 +48,8 @@ from tuner.jobs.measuring import job_caches
 from tuner.jobs.recorder import JobListener, JobRecorder
 from tuner.jobs.search_run import search_tasks
 from tuner.jobs.stop import current_stop_reason
-from tuner.jobs.submission import job_input_shapes, validate_spec
+from tuner.jobs.submission import job_input_shapes
+from tuner.jobs.target_check import validate_spec
 from tuner.jobs.task_groups import tune_split
 from tuner.metaschedule.database import KilnDatabase
 from tuner.model_registry import model_file
@@ -70,7 +72,6 @@ from tuner.timing.verify import (
     verify_outputs,
     verify_reduced_precision,
 )
-from tuner.tune import Budget
 from tuner.views.assembly import instruction_mix, kernel_assembly, split_functions
 
 log = logging.getLogger(__name__)

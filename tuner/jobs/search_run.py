@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.entities import Job, Task
+from tuner.entities import Budget, Job, Task
 from tuner.jobs.measuring import measure_config, measuring_host_limits
 from tuner.metaschedule.callback import BatchListener
 from tuner.metaschedule.cost_model import keep_cost_model, load_cost_model
@@ -23,7 +23,7 @@ from tuner.metaschedule.database import KilnDatabase
 from tuner.metaschedule.scheduler import StopCheck, TimeLeft
 from tuner.settings import Settings
 from tuner.store.sql import Store
-from tuner.tune import Budget, tune_tasks
+from tuner.tune import tune_tasks
 
 
 def search_tasks(

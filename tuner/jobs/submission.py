@@ -1,51 +1,43 @@
 """Checking a job's spec and queueing it (:func:`submit_job`): the same checks for the API, the CLI and the
-worker that runs it (:func:`validate_spec`)."""
+worker that runs it. The checks that need TVM (the target's) are :mod:`tuner.jobs.target_check`'s; this
+module loads without TVM, so a command that has its target checked already queues a job in a second."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from schedules.spaces import check_space, default_space_name
 from tuner.entities import Job, JobSpec, ModelInfo
-from tuner.entities.job import check_cost_model, check_precision
 from tuner.errors import InvalidSpec, MissingInputShape
 from tuner.frontend import check_given_shape
+from tuner.jobs.known_targets import CheckedTarget
+from tuner.jobs.spec_fields import check_spec_fields
 from tuner.passes.plan_keys import preview_refusal
-from tuner.rpc.tracker import validate_runner
 from tuner.settings import Settings
 from tuner.store.sql import Store
-from tuner.targets import canonical_target_key, check_runs_here, resolve_target, to_tvm_target
-from tuner.tune import Budget
 
 
-def validate_spec(spec: JobSpec) -> dict[str, Any]:
-    """The checks of a job spec that need no model: the target (and that the local runner can run it
-    here), the budget, the cost model, the precision, the space and the runner. Returns the resolved
-    target."""
-    target = resolve_target(spec.target)
-    Budget(spec.trials, spec.max_trials_per_task, spec.seed, spec.time_budget_s)
-    check_cost_model(spec.cost_model)
-    check_precision(spec.precision)
-    if spec.space is not None:
-        try:
-            check_space(spec.space, str(target.get("kind")))
-        except ValueError as exc:
-            raise InvalidSpec(str(exc)) from None
-    validate_runner(spec.runner)
-    if spec.runner.is_local:
-        check_runs_here(target)
-    return target
-
-
-def submit_job(store: Store, spec: JobSpec, owner: str = "", settings: Settings | None = None) -> Job:
-    """Validate a spec (:func:`validate_spec`, and its input shapes against the model of ``owner``) and
+def submit_job(
+    store: Store,
+    spec: JobSpec,
+    owner: str = "",
+    settings: Settings | None = None,
+    checked: CheckedTarget | None = None,
+) -> Job:
+    """Validate a spec (its fields, its target, and its input shapes against the model of ``owner``) and
     queue a job for it.
 
+    ``checked`` is the spec's target as :func:`~tuner.jobs.target_check.check_target` found it (kept by
+    :class:`~tuner.jobs.known_targets.KnownTargets`); without it the target is checked here, loading TVM.
     With ``settings``, a job whose task preview (the same plan) was refused for a limit is refused too,
     with the preview's reason: it would spend its limits to fail the same way.
     """
     model = store.get_model(spec.model_id, owner)
-    target = validate_spec(spec)
+    if checked is None:
+        # Imported here: only a caller without a checked target pays for loading TVM.
+        from tuner.jobs.target_check import check_target
+
+        checked = check_target(spec)
+    else:
+        check_spec_fields(spec)
+    target = checked.target
     _check_input_shapes(model, spec)
     if settings is not None:
         refusal = preview_refusal(
@@ -56,9 +48,8 @@ def submit_job(store: Store, spec: JobSpec, owner: str = "", settings: Settings 
     if spec.float_model_id is not None:
         _check_float_model(model, store.get_model(spec.float_model_id, owner))
     # The job records the space that tunes it, the target's default when the user named none.
-    space = spec.space or default_space_name(to_tvm_target(target))
-    spec = JobSpec.from_dict({**spec.to_dict(), "target": target, "space": space})
-    return store.create_job(spec, canonical_target_key(target), owner)
+    spec = JobSpec.from_dict({**spec.to_dict(), "target": target, "space": checked.space})
+    return store.create_job(spec, checked.key, owner)
 
 
 def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:

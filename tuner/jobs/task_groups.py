@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from kiln_tvm import ms
-from tuner.entities import Job, Task, TaskGroup, TaskGroupStatus
+from tuner.entities import Budget, Job, Task, TaskGroup, TaskGroupStatus
 from tuner.errors import KilnError
 from tuner.jobs.heartbeat import Heartbeat
 from tuner.jobs.recorder import add_batch, device_key, recount_tasks
@@ -37,7 +37,6 @@ from tuner.settings import Settings
 from tuner.store.orm import utcnow
 from tuner.store.sql import Store
 from tuner.targets import to_tvm_target
-from tuner.tune import Budget
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from kiln_tvm import tvm
 from schedules.poly.caches import CacheHierarchy, parse_cache_spec, read_sysfs_caches
 from tuner.entities import RunnerSpec
 from tuner.errors import KilnError
-from tuner.rpc.tracker import parse_tracker, tracker_summary
+from tuner.rpc.address import parse_tracker
+from tuner.rpc.tracker import tracker_summary
 
 log = logging.getLogger(__name__)
 

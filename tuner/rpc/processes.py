@@ -13,10 +13,10 @@ from typing import Any
 
 from kiln_tvm import RPCServer, RPCTracker
 from tuner.errors import Conflict, DeviceUnavailable, InvalidSpec
+from tuner.rpc.address import parse_tracker
 from tuner.rpc.device_info import register_device_functions
 from tuner.rpc.tracker import (
     DEFAULT_CHECK_TIMEOUT_S,
-    parse_tracker,
     query_tracker,
     server_key,
     tracker_summary,

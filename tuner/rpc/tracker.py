@@ -17,6 +17,7 @@ from typing import Any
 from kiln_tvm import rpc_base, tvm_ffi
 from tuner.entities import RunnerSpec
 from tuner.errors import DeviceUnavailable, InvalidSpec
+from tuner.rpc.address import parse_tracker, validate_runner
 
 DEFAULT_SESSION_TIMEOUT_S = 60  # one candidate's RPC session: upload, link, load, run, clean up
 DEFAULT_QUEUE_TIMEOUT_S = 60.0  # how long a candidate may wait for a busy server of its key
@@ -25,18 +26,6 @@ DEFAULT_CHECK_TIMEOUT_S = 10.0  # one question to the tracker
 # Raised inside the runner, DeviceUnavailable crosses MetaSchedule's C++ task scheduler: registered,
 # it comes out of ``tune_tasks`` as itself instead of a RuntimeError.
 tvm_ffi.register_error("kiln.DeviceUnavailable", DeviceUnavailable)
-
-
-def parse_tracker(address: str) -> tuple[str, int]:
-    """``"host:port"`` -> ``(host, port)``; ``[::1]:9190`` is accepted for IPv6."""
-    host, sep, port = str(address).strip().rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidSpec(
-            f"an RPC tracker address must be host:port with a port in 1-65535 (e.g. 127.0.0.1:9190), "
-            f"got {address!r}"
-        )
-    return host, int(port)
 
 
 @dataclass(frozen=True)
@@ -147,12 +136,6 @@ def allowed_tracker(asked: str | None, configured: list[str]) -> str:
             "key at one of them (GET /api/v1/devices), or leave the tracker out"
         )
     return asked
-
-
-def validate_runner(runner: RunnerSpec) -> None:
-    """Check what a runner spec's own fields cannot: that an rpc runner's tracker is a host:port."""
-    if not runner.is_local:
-        parse_tracker(runner.tracker)
 
 
 def check_runner(runner: RunnerSpec, timeout_s: float) -> DeviceQueue | None:
