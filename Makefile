@@ -32,9 +32,20 @@ run: install
 demo: install
 	$(KILN) tune examples/small_cnn.onnx --trials $${KILN_RUN_TRIALS:-64} --out out/
 
-## test: the whole suite (unit + integration; PostgreSQL tests run when KILN_TEST_DATABASE_URL is set)
+# Tests at once in `make test`: they wait on workers, servers and subprocesses more than they compute.
+TEST_JOBS ?= 4
+# A marker expression the run is narrowed to, e.g. TEST_MARKS='not slow' (PYTEST_ARGS: paths, -k, -x...).
+TEST_MARKS ?=
+and_marks = $(if $(TEST_MARKS), and ($(TEST_MARKS)),)
+
+## test: the whole suite (unit + integration; PostgreSQL tests run when KILN_TEST_DATABASE_URL is set): most
+## tests in TEST_JOBS processes, then the `serial` ones alone (they measure the machine or hold work to
+## wall-clock limits); both parts run, and the target fails if either did (not for a part the selection left empty).
 test: dev
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	@status=0; \
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist load -m "not serial$(and_marks)" --durations=25 $(PYTEST_ARGS) || { code=$$?; [ $$code -eq 5 ] || status=$$code; }; \
+	$(PY) -m pytest -q -m "serial$(and_marks)" --durations=10 $(PYTEST_ARGS) || { code=$$?; [ $$code -eq 5 ] || status=$$code; }; \
+	exit $$status
 
 lint: dev
 	$(VENV)/bin/ruff check .

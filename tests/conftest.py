@@ -40,6 +40,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{REQUIRE_ENV} asks for what this run lacks: {'; '.join(missing)}")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (in their order), then the rest: run in several processes (``make test``), the long
+    ones start at once and the short ones fill the gaps, instead of a few long ones ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 #: What the ``slow`` marker means (pyproject.toml): a test that takes longer than this, on 2 cores.
 SLOW_S = 5.0
 _unmarked_slow: list[tuple[str, float]] = []

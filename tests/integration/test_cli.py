@@ -317,6 +317,7 @@ def test_submit_queues_a_job_for_the_workers_and_cancel_cancels_it(tmp_path: Pat
     assert again.returncode == 2 and "already finished" in again.stderr
 
 
+@pytest.mark.serial  # it measures this machine's roofs
 def test_machine_measures_the_roofs_of_this_cpu(tmp_path: Path) -> None:
     done = kiln("machine", "--json", data_dir=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -33,7 +33,8 @@ from tuner.settings import Settings
 from tuner.store import Store
 from tuner.views.inspection import plan_model
 
-pytestmark = pytest.mark.slow
+# Serial: the limits are of wall-clock time and memory, and the tests wait on a job's stages with deadlines.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # The job limits these tests set, small enough to reach quickly, large enough for a normal small job.
 JOB_MEMORY_MB = 1536

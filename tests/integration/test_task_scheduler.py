@@ -16,7 +16,8 @@ from tuner.metaschedule.scheduler import ROOFLINE_STOP
 from tuner.targets import host_target, to_tvm_target
 from tuner.tune import MeasureConfig, roofline_floors_ms, tune_tasks
 
-pytestmark = pytest.mark.slow
+# Serial: which task gets the trials follows the latencies measured, which other tests' load would skew.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 TARGET = to_tvm_target(host_target())
 CONFIG = MeasureConfig(number=1, min_repeat_ms=5, trials_per_iter=4, default_schedules=False)

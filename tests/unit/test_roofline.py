@@ -126,12 +126,14 @@ MIN_GFLOPS_PER_THREAD = 1.0
 BANDWIDTH_GBS = (0.5, 2000.0)
 
 
+@pytest.mark.serial  # a rate measured beside other tests is theirs to share
 def test_bandwidth_of_a_small_stream_is_a_physical_rate() -> None:
     rate = measure_bandwidth(TARGET, threads=2, repeats=1, array_bytes=1 << 20)
     assert BANDWIDTH_GBS[0] < rate < BANDWIDTH_GBS[1], rate
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_measured_limits_are_physical_and_say_how() -> None:
     limits = measure_limits(TARGET, repeats=1)
     threads = limits.threads
@@ -178,6 +180,7 @@ def test_a_figure_measured_while_the_machine_is_busy_is_taken_again_and_the_best
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the busy check reads /proc/stat (Linux)")
 def test_limits_measured_beside_processes_spinning_on_every_cpu_say_they_were_disturbed() -> None:
     """The check of :func:`measure_limits` is real: processes spinning on every CPU through all its tries
