@@ -7,6 +7,13 @@ Importing this module also asks Linux for AMX tile state (:func:`kiln_tvm.x86_am
 without it the first AMX instruction of a process is SIGILL) and fixes two traps of TVM 0.27 on x86 CPUs
 before TVM starts:
 
+* ``tvm_ffi`` imports PyTorch when it is installed, to hand tensors over through its C DLPack extension:
+  1.9 s of PyTorch and 0.6 s of that extension, in every process that loads TVM (Kiln's sandboxes,
+  builders, timing and tuning processes, the CLI), where none of them exchanges a tensor with PyTorch.
+  In a process that has not imported PyTorch yet, TVM is loaded with PyTorch out of sight (see
+  :func:`_import_tvm_without_torch`); PyTorch imports as usual afterwards, and tensors still pass through
+  the DLPack protocol (``tvm.runtime.from_dlpack``), without the extension. A process that imported
+  PyTorch first (a user's, compiling with ``backend="kiln"``) loads TVM with it, extension included;
 * the runtime thread pool uses half of ``hardware_concurrency()`` unless ``TVM_NUM_THREADS`` is set,
   which on a machine without SMT means half of the real cores;
 * ``import tvm.s_tir.tensor_intrin`` takes ~26 s (mostly CUDA intrinsics) and both ``TuneContext`` and the
@@ -37,6 +44,25 @@ def physical_core_count() -> int:
 
 
 os.environ.setdefault("TVM_NUM_THREADS", str(physical_core_count()))
+
+
+def _import_tvm_without_torch() -> None:
+    """Import ``tvm_ffi`` and ``tvm`` with ``import torch`` failing, unless PyTorch is imported already;
+    then let PyTorch be imported again (a ``None`` in ``sys.modules`` makes an import raise ImportError,
+    which ``tvm_ffi`` takes for PyTorch not installed)."""
+    if "torch" in sys.modules:
+        import tvm  # noqa: F401
+
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import tvm  # noqa: F401
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+
+
+_import_tvm_without_torch()
 
 import tvm  # noqa: E402
 import tvm.s_tir  # noqa: E402
