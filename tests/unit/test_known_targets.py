@@ -132,3 +132,11 @@ def test_registering_stored_bytes_again_imports_nothing(stored: tuple[Store, Set
     assert not new and info.name == "model"
     with pytest.raises(AssertionError, match="imported again"):
         register_model(store, settings, path, input_shapes={"x": (4, 8)}, sandbox=NoImports())  # type: ignore[arg-type]
+
+
+def test_a_data_directory_that_cannot_be_written_keeps_nothing_and_fails_nothing(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the data directory should be")
+    known = KnownTargets(blocked / "data")
+    known.put(_spec(), CHECKED)
+    assert known.get(_spec()) is None

@@ -60,17 +60,23 @@ class KnownTargets:
             return None
 
     def put(self, spec: JobSpec, checked: CheckedTarget) -> None:
-        """Keep ``checked`` for specs asking what ``spec`` asks (written whole: readers never see half)."""
+        """Keep ``checked`` for specs asking what ``spec`` asks (written whole: readers never see half). A
+        data directory that cannot be written keeps nothing: the next command checks the target again."""
         entries = self._entries()
         entries.pop(_entry_key(spec), None)
         entries[_entry_key(spec)] = checked.to_dict()
         kept = dict(list(entries.items())[-MAX_ENTRIES:])
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{FILE_NAME}.")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{FILE_NAME}.")
+        except OSError:
+            return
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(kept, f)
             os.replace(tmp, self.path)
+        except OSError:
+            return
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
