@@ -62,9 +62,9 @@ class KnownTargets:
     def put(self, spec: JobSpec, checked: CheckedTarget) -> None:
         """Keep ``checked`` for specs asking what ``spec`` asks (written whole: readers never see half). A
         data directory that cannot be written keeps nothing: the next command checks the target again."""
-        entries = self._entries()
-        entries.pop(_entry_key(spec), None)
-        entries[_entry_key(spec)] = checked.to_dict()
+        entries, key = self._entries(), _entry_key(spec)
+        entries.pop(key, None)  # put back last: the most recent entries are the ones kept
+        entries[key] = checked.to_dict()
         kept = dict(list(entries.items())[-MAX_ENTRIES:])
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +120,7 @@ def machine_fingerprint() -> str:
     return hashlib.sha256("\n".join(described).encode()).hexdigest()
 
 
+@functools.cache
 def _tvm_release() -> str:
     try:
         return metadata.version("apache-tvm")
