@@ -22,6 +22,7 @@ from tuner.entities import (
     LatencyReport,
     MachineLimits,
     ModelProfile,
+    QuantizationReport,
     Task,
     trials_shortfall,
 )
@@ -211,16 +212,23 @@ def fusion_line(fusion: FusionSummary) -> str:
             f"{len(fusion.kept_float)} kept in float"
         )
         line += "".join(f"\n  float: {k.op} {k.shapes}: {k.reason}" for k in fusion.kept_float)
-    if fusion.integer_kernels in ("vnni", "avx-vnni", "amx"):
-        form = "vpdpbusd ymm, AVX-VNNI" if fusion.integer_kernels == "avx-vnni" else "vpdpbusd"
+    forms = {
+        "vnni": "VNNI (vpdpbusd",
+        "amx": "VNNI (vpdpbusd",
+        "avx-vnni": "VNNI (vpdpbusd ymm, AVX-VNNI",
+        "avx512": "vpmaddwd zmm (int16 products, no VNNI",
+        "avx2": "vpmaddwd ymm (int16 products, no VNNI",
+    }
+    if fusion.integer_kernels in forms:
         line += (
-            f"\n  on VNNI ({form}, packed weights): {len(fusion.vnni_packed)} of {len(fusion.integer_ops)}"
+            f"\n  on {forms[fusion.integer_kernels]}, packed weights): {len(fusion.vnni_packed)} of "
+            f"{len(fusion.integer_ops)}"
         )
         if fusion.integer_kernels == "amx":
             line += f", of which on AMX tiles (tdpbusd): {len(fusion.amx_matmuls)} matmuls"
         line += "".join(f"\n  plain integer kernel: {why}" for why in fusion.vnni_unpacked)
     elif fusion.integer_kernels == "plain":
-        line += "\n  integer kernels: plain tiled loops (this CPU has no VNNI)"
+        line += "\n  integer kernels: plain tiled loops (this CPU has no vector integer dot product)"
     if fusion.reduced_ops:
         line += (
             f"\nprecision {fusion.precision}: {len(fusion.reduced_ops)} matmuls/convolutions on "
@@ -347,6 +355,34 @@ def print_accuracy(report: AccuracyReport | None) -> None:
             else ""
         )
         console.print(f"  {o.name}: {off}{beyond}{relative}, cosine {o.cosine:.6f}{top1}", highlight=False)
+    if report.quantization is not None:
+        print_quantization(report.quantization)
+
+
+def print_quantization(q: QuantizationReport) -> None:
+    """How Kiln quantized a float model (precision int8): samples, budget, the metric before and after the
+    accuracy control, the operators it returned to float."""
+    budget = q.budget
+    held = "held" if q.within_budget else "NOT held (every operator returned to float32 and still beyond it)"
+    console.print(
+        f"int8 quantization ({q.method} calibration on {q.samples}): budget top-1 changed <= "
+        f"{budget.max_top1_changed:.1%}, relative error <= {budget.max_relative_error:.3g}: {held}",
+        highlight=False,
+    )
+    if q.synthetic:
+        console.print(
+            "  note: no calibration file was given; the ranges and the budget come from seeded synthetic "
+            "inputs, which need not resemble the model's real inputs (give --calibration)",
+            highlight=False,
+        )
+    console.print(f"  all int8: {q.before.describe()}", highlight=False)
+    ints = sum(1 for p in q.precision.values() if p == "int8")
+    console.print(
+        f"  as compiled: {q.after.describe()}; {ints} of {len(q.precision)} convolutions/matmuls in int8",
+        highlight=False,
+    )
+    for node in q.returned:
+        console.print(f"  returned to float32: {node}", highlight=False)
 
 
 def print_tuning_time(job: Job) -> None:

@@ -28,7 +28,8 @@ from cli.render import (
     task_table,
 )
 from tuner.entities import DEFAULT_TRIALS, MAX_JOB_WORKERS, Job, JobSpec, ModelInfo, RunnerSpec, trial_budget
-from tuner.entities.job import check_cost_model, check_precision
+from tuner.entities.job import check_cost_model, check_precision, check_quantization_fields
+from tuner.entities.quantization import AccuracyBudget
 from tuner.errors import InvalidSpec, KilnError
 
 if TYPE_CHECKING:
@@ -81,9 +82,41 @@ PrecisionOpt = Annotated[
     str,
     typer.Option(
         "--precision",
-        help="Float models: as-is, auto, bf16 or fp16 (matmuls and convolutions on low-precision operands, "
-        "fp32 accumulation, verified against the float32 model); auto: bf16 where the CPU has bf16 "
-        "instructions and the outputs stay within the bf16 tolerance, else as-is",
+        help="Float models: as-is, auto, bf16, fp16 or int8. bf16/fp16: matmuls and convolutions on "
+        "low-precision operands, fp32 accumulation, verified against the float32 model; auto: bf16 where "
+        "the CPU has bf16 instructions and the outputs stay within the bf16 tolerance, else as-is; int8: the "
+        "float ONNX model quantized (per-channel weights, activations calibrated on --calibration) within "
+        "the accuracy budget, the operators that break it returned to float32. Default auto: int8 with "
+        "--calibration, else bf16 or as-is as above",
+    ),
+]
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="precision int8: an .npz of the model's inputs, one array per input named after it, samples "
+        "stacked along the first axis ([N, 3, 224, 224] for an input [1, 3, 224, 224]); split into "
+        "calibration and validation samples (default: seeded synthetic inputs)",
+        exists=True,
+        dir_okay=False,
+    ),
+]
+CalibrationMethodOpt = Annotated[
+    str, typer.Option("--calibration-method", help="precision int8: minmax, percentile or entropy")
+]
+Top1Opt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-top1-changed",
+        help="precision int8: share of validation rows of a [batch, classes] output whose top-1 may change "
+        "(default 0.01)",
+    ),
+]
+RelativeErrorOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-relative-error",
+        help="precision int8: norm-wise relative error allowed on any other output (default 0.05)",
     ),
 ]
 FloatModelOpt = Annotated[
@@ -125,8 +158,12 @@ def tune(
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
     space: SpaceOpt = None,
-    precision: PrecisionOpt = "as-is",
+    precision: PrecisionOpt = "auto",
     float_model: FloatModelOpt = None,
+    calibration: CalibrationOpt = None,
+    calibration_method: CalibrationMethodOpt = "minmax",
+    max_top1_changed: Top1Opt = None,
+    max_relative_error: RelativeErrorOpt = None,
     name: NameOpt = None,
     owner: OwnerOpt = "",
     out: Annotated[Path | None, typer.Option(help="Directory to copy the artifact (.tar.gz) into")] = None,
@@ -144,10 +181,18 @@ def tune(
         runner=RunnerSpec(),
         space=space,
         precision=precision,
+        quantization=(calibration_method, max_top1_changed, max_relative_error),
     )
     store = open_store()
     info, job = _queue(
-        store, model, spec, name=name, owner=owner, float_model=float_model, input_value=input_value
+        store,
+        model,
+        spec,
+        name=name,
+        owner=owner,
+        float_model=float_model,
+        input_value=input_value,
+        calibration=calibration,
     )
     from tuner.isolation.fatal_signals import report_fatal_signals
     from tuner.jobs.pipeline import run_job
@@ -248,8 +293,12 @@ def submit(
     seed: SeedOpt = 0,
     cost_model: CostModelOpt = "xgb",
     space: SpaceOpt = None,
-    precision: PrecisionOpt = "as-is",
+    precision: PrecisionOpt = "auto",
     float_model: FloatModelOpt = None,
+    calibration: CalibrationOpt = None,
+    calibration_method: CalibrationMethodOpt = "minmax",
+    max_top1_changed: Top1Opt = None,
+    max_relative_error: RelativeErrorOpt = None,
     rpc_tracker: Annotated[str | None, typer.Option(help="Measure on RPC devices: tracker host:port")] = None,
     rpc_key: Annotated[str | None, typer.Option(help="Device key at the RPC tracker")] = None,
     workers: Annotated[
@@ -278,10 +327,18 @@ def submit(
         runner=runner,
         space=space,
         precision=precision,
+        quantization=(calibration_method, max_top1_changed, max_relative_error),
     )
     spec = dataclasses.replace(spec, workers=workers)
     info, job = _queue(
-        open_store(), model, spec, name=name, owner=owner, float_model=float_model, input_value=input_value
+        open_store(),
+        model,
+        spec,
+        name=name,
+        owner=owner,
+        float_model=float_model,
+        input_value=input_value,
+        calibration=calibration,
     )
     console.print(f"queued job [bold]{job.id}[/] for model {info.name} on {job.target_key}")
 
@@ -298,13 +355,22 @@ def _job_spec(
     runner: RunnerSpec,
     space: str | None = None,
     precision: str = "as-is",
+    quantization: tuple[str, float | None, float | None] = ("minmax", None, None),
 ) -> JobSpec:
     """The job the tune and submit options ask for, on a model not yet stored; a cost model or precision
-    Kiln does not have is refused here, before TVM loads (the rest is checked by ``_queue``)."""
+    Kiln does not have is refused here, before TVM loads (the rest is checked by ``_queue``).
+    ``quantization``: the int8 policy's calibration method and budget (None: the default's)."""
     from tuner.frontend import parse_input_shapes
 
     check_cost_model(cost_model)
     check_precision(precision)
+    method, top1, relative = quantization
+    budget = AccuracyBudget()
+    budget = AccuracyBudget(
+        budget.max_top1_changed if top1 is None else top1,
+        budget.max_relative_error if relative is None else relative,
+    )
+    check_quantization_fields(method, budget)
     time_budget_s = None if time is None else parse_duration(time)
     return JobSpec(
         model_id="",
@@ -318,6 +384,8 @@ def _job_spec(
         cost_model=cost_model,
         space=space,
         precision=precision,
+        calibration_method=method,
+        accuracy_budget=budget,
     )
 
 
@@ -330,6 +398,7 @@ def _queue(
     owner: str,
     float_model: Path | None = None,
     input_value: list[str] | None = None,
+    calibration: Path | None = None,
 ) -> tuple[ModelInfo, Job]:
     """Check ``spec`` (all but its model), import and store ``model`` (and the ``float_model`` it came
     from, whose top-1 the accuracy report compares with) with the ``--input-value`` bindings, and queue
@@ -366,6 +435,11 @@ def _queue(
             store, settings, float_model, input_shapes=shapes, owner=owner, input_values=values
         )
         spec = dataclasses.replace(spec, float_model_id=floats.id)
+    if calibration is not None:
+        from tuner.quantization.calibration_files import save_calibration
+
+        stored = save_calibration(settings, calibration.read_bytes())
+        spec = dataclasses.replace(spec, calibration_id=stored.id)
     return info, submit_job(
         store, dataclasses.replace(spec, model_id=info.id), owner, settings, checked=checked
     )

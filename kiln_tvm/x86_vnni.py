@@ -10,10 +10,17 @@ CPUs with AVX-VNNI but no AVX-512 (Intel since Alder Lake; the VEX-encoded ``vpd
 :data:`AVXVNNI_INTRINSIC`, the same product over 8 output lanes on 256-bit vectors, which TVM does not
 have: LLVM's ``llvm.x86.avx512.vpdpbusd.256`` selects the VEX encoding on a target with ``avxvnni`` and
 without AVX512-VL.
+
+CPUs without VNNI get :data:`AVX2_WORD_DOT` (and AVX-512 ones :data:`AVX512_WORD_DOT`): ``vpmaddwd`` over
+int16 operands, 8 (16) output lanes of 2 products each, the u8 input pair widened to int16 and the weights
+packed as int16 at compile time. ``vpmaddubsw``, the u8 x s8 instruction of these CPUs, adds its two products
+in a *saturating* int16 (255 x 127 x 2 overflows it), so it is exact only on 7-bit weights; int16 products are
+exact on any 8-bit weights, at 1.6x the fp32 FMA rate on a Zen 3 (vpmaddubsw + vpmaddwd: 1.9x).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tvm.s_tir import TensorIntrin
@@ -29,6 +36,56 @@ VNNI_LANES, VNNI_DEPTH = 16, 4
 #: The 256-bit product (AVX-VNNI): 8 output lanes of 4 products (a 32-byte weight block).
 AVXVNNI_INTRINSIC = "kiln_dot_8x4_avxvnni"
 AVXVNNI_LANES = 8
+#: ``vpmaddwd`` over int16 operands (u8 inputs widened, s8 weights packed as int16): 8 lanes of 2 products on
+#: AVX2, 16 on AVX-512 (AVX512-BW).
+AVX2_WORD_INTRINSIC = "kiln_dot_8x2_avx2"
+AVX512_WORD_INTRINSIC = "kiln_dot_16x2_avx512bw"
+
+
+@dataclass(frozen=True)
+class IntegerDot:
+    """One x86 integer dot product that Kiln's integer kernels are tensorized with: its registered
+    intrinsic, how it reads the packed weight (``lanes`` output channels by ``depth`` reduction elements,
+    each a ``weight_dtype``), and how a report names it."""
+
+    kind: str  # "vnni", "avx-vnni", "avx512", "avx2": the plan's ``integer_kernels``
+    intrinsic: str
+    lanes: int
+    depth: int
+    weight_dtype: str  # "int8", or "int16" for the vpmaddwd products
+    instruction: str  # in words, e.g. "vpdpbusd zmm"
+    llvm_intrinsic: str  # the LLVM intrinsic its implementation calls (in a tensorized kernel's TIR)
+
+
+_VPDPBUSD, _VPMADDWD = (
+    "llvm.x86.avx512.vpdpbusd.{}",
+    {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"},
+)
+VNNI_DOT = IntegerDot(
+    "vnni", VNNI_INTRINSIC, VNNI_LANES, VNNI_DEPTH, "int8", "vpdpbusd zmm, AVX512-VNNI", _VPDPBUSD.format(512)
+)
+AVXVNNI_DOT = IntegerDot(
+    "avx-vnni",
+    AVXVNNI_INTRINSIC,
+    AVXVNNI_LANES,
+    VNNI_DEPTH,
+    "int8",
+    "vpdpbusd ymm, AVX-VNNI",
+    _VPDPBUSD.format(256),
+)
+AVX512_WORD_DOT = IntegerDot(
+    "avx512",
+    AVX512_WORD_INTRINSIC,
+    16,
+    2,
+    "int16",
+    "vpmaddwd zmm on int16 products, AVX512-BW",
+    _VPMADDWD[16],
+)
+AVX2_WORD_DOT = IntegerDot(
+    "avx2", AVX2_WORD_INTRINSIC, 8, 2, "int16", "vpmaddwd ymm on int16 products, AVX2", _VPMADDWD[8]
+)
+INTEGER_DOTS = (VNNI_DOT, AVXVNNI_DOT, AVX512_WORD_DOT, AVX2_WORD_DOT)
 
 
 def _dot_desc(lanes: int) -> Any:
@@ -56,7 +113,7 @@ def _dot_desc(lanes: int) -> Any:
 def _vpdpbusd_impl(lanes: int) -> Any:
     """One ``vpdpbusd`` over ``lanes`` int32 accumulators (16: ``zmm``, 8: ``ymm``), its operands passed
     as the byte vectors the wheel's LLVM declares."""
-    intrinsic = f"llvm.x86.avx512.vpdpbusd.{32 * lanes}"
+    intrinsic = _VPDPBUSD.format(32 * lanes)
     accumulators, products = f"int32x{lanes}", f"x{4 * lanes}"
 
     @T.prim_func(s_tir=True)
@@ -80,19 +137,64 @@ def _vpdpbusd_impl(lanes: int) -> Any:
     return impl
 
 
-def vnni_intrinsic(lanes: int) -> str:
-    """The registered intrinsic for a VNNI product of ``lanes`` output lanes (16: AVX512-VNNI, 8: AVX-VNNI)."""
-    return {VNNI_LANES: VNNI_INTRINSIC, AVXVNNI_LANES: AVXVNNI_INTRINSIC}[lanes]
+def _word_desc(lanes: int) -> Any:
+    """``C[i] += A[k] * B[i, k]`` over ``lanes`` outputs by 2 products, u8 x s16 -> s32."""
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((2,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, 2), "int16", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    return desc
+
+
+def _vpmaddwd_impl(lanes: int) -> Any:
+    """One ``vpmaddwd`` of the input pair (widened to int16, broadcast) by ``lanes`` int16 weight pairs,
+    added to ``lanes`` int32 accumulators: exact, since each product and their sum fit an int32."""
+    intrinsic = _VPMADDWD[lanes]
+    accumulators, words = f"int32x{lanes}", f"int16x{2 * lanes}"
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((2,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, 2), "int16", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            pair = T.reinterpret(T.Cast("int16x2", A.vload([0], "uint8x2")), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=accumulators) + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(intrinsic),
+                T.reinterpret(T.broadcast(pair, lanes), dtype=words),
+                B.vload([0, 0], dtype=words),
+                dtype=accumulators,
+            )
+
+    return impl
 
 
 _registered = False
 
 
 def register_vnni_intrinsic() -> None:
-    """Register :data:`VNNI_INTRINSIC` and :data:`AVXVNNI_INTRINSIC`, once per process."""
+    """Register :data:`VNNI_INTRINSIC`, :data:`AVXVNNI_INTRINSIC` and the ``vpmaddwd`` ones
+    (:data:`AVX2_WORD_INTRINSIC`, :data:`AVX512_WORD_INTRINSIC`), once per process."""
     global _registered
     if _registered:
         return
     for name, lanes in ((VNNI_INTRINSIC, VNNI_LANES), (AVXVNNI_INTRINSIC, AVXVNNI_LANES)):
         TensorIntrin.register(name, _dot_desc(lanes), _vpdpbusd_impl(lanes), override=True)
+    for name, lanes in ((AVX2_WORD_INTRINSIC, 8), (AVX512_WORD_INTRINSIC, 16)):
+        TensorIntrin.register(name, _word_desc(lanes), _vpmaddwd_impl(lanes), override=True)
     _registered = True

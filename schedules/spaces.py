@@ -16,7 +16,14 @@ from kiln_tvm import Target, ms
 from schedules.amx import AmxTiling, amx_kinds
 from schedules.poly.caches import UNKNOWN, CacheHierarchy
 from schedules.poly.search import FootprintPruner, PruningStats
-from schedules.vnni import cpu_tiling_args, dpbf16_tiling, has_avx512_bf16, has_vnni, vnni_lanes, vnni_tiling
+from schedules.vnni import (
+    cpu_tiling_args,
+    dpbf16_tiling,
+    has_avx512_bf16,
+    has_integer_dot,
+    integer_dot,
+    vnni_tiling,
+)
 
 SpaceFactory = Callable[[Target, "SpaceOptions", PruningStats], Any]
 
@@ -83,10 +90,10 @@ def check_space(name: str, target_kind: str) -> None:
 
 
 def _cpu_rules(target: Target) -> list[Any]:
-    # On VNNI CPUs, the integer kernels packed for it are tensorized first (schedules.vnni); on AMX ones,
-    # the packed matmuls AMX serves go on tiles before that (schedules.amx).
-    lanes = vnni_lanes(target)
-    vnni = [vnni_tiling(lanes)] if lanes is not None else []
+    # The integer kernels packed for the CPU's dot product (VNNI's, else vpmaddwd's) are tensorized first
+    # (schedules.vnni); on AMX CPUs, the packed matmuls AMX serves go on tiles before that (schedules.amx).
+    dot = integer_dot(target)
+    vnni = [vnni_tiling(dot)] if dot is not None else []
     # The bf16 policy's packed matmuls that AMX does not take, on vdpbf16ps (schedules.vnni).
     dpbf16 = [dpbf16_tiling()] if has_avx512_bf16(target) else []
     kinds = tuple(kind.name for kind in amx_kinds(target))
@@ -122,7 +129,7 @@ def _cpu_postprocs(target: Target) -> list[Any]:
     # TVM's DefaultCPUTensorization postprocessors where a rule may tensorize.
     tensorize = (
         [ms.postproc.RewriteTensorize(vectorize_init_loop=True)]
-        if has_vnni(target) or amx_kinds(target) or has_avx512_bf16(target)
+        if has_integer_dot(target) or amx_kinds(target) or has_avx512_bf16(target)
         else []
     )
     return [

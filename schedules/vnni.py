@@ -1,4 +1,5 @@
-"""Tensorizing integer kernels with x86's VNNI dot product, and only the kernels laid out for it.
+"""Tensorizing integer kernels with x86's VNNI dot product (``vpmaddwd`` on CPUs without VNNI), and only
+the kernels laid out for it.
 
 Kiln's graph pass :mod:`tuner.passes.int8_packing` gives each integer matmul and convolution it can serve a kernel
 over weights packed ``[N/16, K/4, 16, 4]`` (16 output channels by 4 reduction elements: the 64 bytes one
@@ -14,7 +15,15 @@ from typing import Any
 
 from kiln_tvm import Target, derived_object, ms, register_cpu_tensor_intrinsics, s_tir, tvm
 from kiln_tvm.x86_bf16 import DPBF16_INTRINSIC
-from kiln_tvm.x86_vnni import AVXVNNI_LANES, VNNI_LANES, vnni_intrinsic
+from kiln_tvm.x86_vnni import (
+    AVX2_WORD_DOT,
+    AVX512_WORD_DOT,
+    AVXVNNI_DOT,
+    AVXVNNI_LANES,
+    VNNI_DOT,
+    VNNI_LANES,
+    IntegerDot,
+)
 
 #: Block annotation of a kernel whose weight is packed for the VNNI intrinsic.
 VNNI_BLOCK = "kiln.vnni_packed"
@@ -38,6 +47,23 @@ def vnni_lanes(target: Target) -> int | None:
     return None
 
 
+def integer_dot(target: Target) -> IntegerDot | None:
+    """The dot product ``target``'s integer kernels are tensorized with: VNNI's (:func:`vnni_lanes`) where
+    the CPU has it, else ``vpmaddwd`` on int16 products (16 lanes with AVX512-BW, 8 with AVX2), None on
+    other CPUs (plain integer kernels)."""
+    lanes = vnni_lanes(target)
+    if lanes is not None:
+        return VNNI_DOT if lanes == VNNI_LANES else AVXVNNI_DOT
+    if target.kind.name != "llvm":
+        return None
+    features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    if {"avx512bw", "avx512f"} <= features:
+        return AVX512_WORD_DOT
+    if "avx2" in features:
+        return AVX2_WORD_DOT
+    return None
+
+
 def has_avx512_bf16(target: Target) -> bool:
     """Whether ``target``'s CPU has AVX512-BF16's ``vdpbf16ps`` (Intel since Cooper Lake, AMD since Zen 4)."""
     if target.kind.name != "llvm":
@@ -48,6 +74,11 @@ def has_avx512_bf16(target: Target) -> bool:
 def has_vnni(target: Target) -> bool:
     """Whether ``target``'s CPU has a VNNI dot product Kiln tensorizes with (:func:`vnni_lanes`)."""
     return vnni_lanes(target) is not None
+
+
+def has_integer_dot(target: Target) -> bool:
+    """Whether ``target``'s integer kernels are tensorized (:func:`integer_dot`)."""
+    return integer_dot(target) is not None
 
 
 def has_packed_block(stmt: Any) -> bool:
@@ -122,9 +153,9 @@ class PackedTiling(ms.schedule_rule.PyScheduleRule):
         return PackedTiling(self.intrinsic, self.mark)
 
 
-def vnni_tiling(lanes: int = VNNI_LANES) -> PackedTiling:
-    """The tiling of :data:`VNNI_BLOCK` kernels around the VNNI intrinsic of ``lanes`` output lanes."""
-    return PackedTiling(vnni_intrinsic(lanes), VNNI_BLOCK)
+def vnni_tiling(dot: IntegerDot = VNNI_DOT) -> PackedTiling:
+    """The tiling of :data:`VNNI_BLOCK` kernels around the integer dot product ``dot``'s intrinsic."""
+    return PackedTiling(dot.intrinsic, VNNI_BLOCK)
 
 
 def dpbf16_tiling() -> PackedTiling:

@@ -13,7 +13,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 import tuner
-from service.api import devices, jobs, models, system
+from service.api import calibrations, devices, jobs, models, system
 from service.api.jobs import job_snapshot
 from service.auth import Authenticator, AuthGate
 from service.body_limits import BodySizeLimit
@@ -83,10 +83,14 @@ def create_app(
     app.state.kiln = state
     install_error_handlers(app)
     app.add_middleware(
-        BodySizeLimit, upload_bytes=settings.max_upload_mb << 20, json_bytes=settings.max_json_kb << 10
+        BodySizeLimit,
+        upload_bytes=settings.max_upload_mb << 20,
+        json_bytes=settings.max_json_kb << 10,
+        # the multipart envelope around the file, on top of the file's own limit
+        calibration_bytes=(settings.max_calibration_mb << 20) + (64 << 10),
     )
     app.add_middleware(AuthGate, auth=auth)  # outermost: no body is read for an unauthenticated request
-    for router in (models.router, jobs.router, devices.router, system.router):
+    for router in (models.router, calibrations.router, jobs.router, devices.router, system.router):
         app.include_router(router)
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -13,22 +13,31 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import error_response
 
-#: The one route that takes a large body: POST a model file.
+#: The routes that take a large body: POST a model file, POST a calibration file.
 UPLOAD_PATH = "/api/v1/models"
+CALIBRATION_PATH = "/api/v1/calibrations"
 
 
 class BodySizeLimit:
     """ASGI middleware: refuse bodies over the request's limit (declared or actually streamed) with 413:
-    ``upload_bytes`` for a model upload, ``json_bytes`` for any other request."""
+    ``upload_bytes`` for a model upload, ``calibration_bytes`` for a calibration file (default: as a model),
+    ``json_bytes`` for any other request."""
 
-    def __init__(self, app: ASGIApp, upload_bytes: int, json_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, upload_bytes: int, json_bytes: int, calibration_bytes: int | None = None
+    ) -> None:
         self.app = app
         self.upload_bytes = upload_bytes
         self.json_bytes = json_bytes
+        self.calibration_bytes = upload_bytes if calibration_bytes is None else calibration_bytes
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
-        if scope.get("method") == "POST" and scope.get("path", "").rstrip("/") == UPLOAD_PATH:
+        path = scope.get("path", "").rstrip("/")
+        if scope.get("method") == "POST" and path == UPLOAD_PATH:
             return self.upload_bytes, f"{self.upload_bytes / (1 << 20):g} MiB for a model; KILN_MAX_UPLOAD_MB"
+        if scope.get("method") == "POST" and path == CALIBRATION_PATH:
+            limit = self.calibration_bytes
+            return limit, f"{limit / (1 << 20):g} MiB for a calibration file; KILN_MAX_CALIBRATION_MB"
         return self.json_bytes, f"{self.json_bytes / 1024:g} KiB for this request; KILN_MAX_JSON_KB"
 
     def _too_large(self, what: str) -> Any:

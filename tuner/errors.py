@@ -59,6 +59,13 @@ class InvalidSpec(KilnError):
     kind = "invalid_spec"
 
 
+class InvalidCalibration(InvalidSpec):
+    """A calibration file is not inputs of its model: not an .npz, unknown or missing input names, wrong
+    shapes or dtypes, too few samples, too large."""
+
+    kind = "invalid_calibration"
+
+
 class InvalidTarget(InvalidSpec):
     """The target cannot be parsed or is not supported."""
 

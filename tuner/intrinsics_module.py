@@ -18,7 +18,7 @@ from pathlib import Path
 import kiln_tvm
 from kiln_tvm.x86_amx import AMX_NAME_PREFIX
 from kiln_tvm.x86_bf16 import DPBF16_INTRINSIC
-from kiln_tvm.x86_vnni import AVXVNNI_INTRINSIC, VNNI_INTRINSIC
+from kiln_tvm.x86_vnni import AVX2_WORD_INTRINSIC, AVX512_WORD_INTRINSIC, AVXVNNI_INTRINSIC, VNNI_INTRINSIC
 
 PACKAGE = "kiln_intrinsics"
 #: Kiln's intrinsic names, as they appear (quoted) in a trace.
@@ -26,7 +26,11 @@ _KILN_NAME = re.compile(r'"(kiln_[a-z0-9_]+)"')
 #: Which module of kiln_tvm registers which names (a name ending in "_": every name it begins), and the
 #: call that does: the names are the modules' own constants, so a rename there is a rename here.
 _MODULES = (
-    ("x86_vnni", "register_vnni_intrinsic", (VNNI_INTRINSIC, AVXVNNI_INTRINSIC)),
+    (
+        "x86_vnni",
+        "register_vnni_intrinsic",
+        (VNNI_INTRINSIC, AVXVNNI_INTRINSIC, AVX2_WORD_INTRINSIC, AVX512_WORD_INTRINSIC),
+    ),
     ("x86_bf16", "register_dpbf16_intrinsic", (DPBF16_INTRINSIC,)),
     ("x86_amx", "register_amx_intrinsics", (AMX_NAME_PREFIX,)),
 )

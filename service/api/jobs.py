@@ -38,6 +38,7 @@ from service.schemas import (
 )
 from service.schemas.polyhedral import PolyhedralOut
 from tuner.entities import (
+    AccuracyBudget,
     Job,
     JobSpec,
     JobStatus,
@@ -109,6 +110,13 @@ def _create_job(body: JobIn, state: ServiceState, owner: str) -> JobOut:
         precision=body.precision,
         float_model_id=body.float_model_id,
         workers=body.workers,
+        calibration_id=body.calibration_id,
+        calibration_method=body.calibration_method,
+        accuracy_budget=AccuracyBudget(
+            float(body.accuracy_budget.max_top1_changed), float(body.accuracy_budget.max_relative_error)
+        )
+        if body.accuracy_budget is not None
+        else AccuracyBudget(),
     )
     return job_out(state.store, submit_job(state.store, spec, owner, state.settings))
 

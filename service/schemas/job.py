@@ -16,9 +16,11 @@ from tuner.entities import (
     Job,
     JobStatus,
     LatencyReport,
+    QuantizationReport,
     Task,
     TaskGroupStatus,
 )
+from tuner.entities.quantization import DEFAULT_MAX_RELATIVE_ERROR, DEFAULT_MAX_TOP1_CHANGED
 from tuner.views.curves import time_shares
 
 
@@ -40,6 +42,23 @@ class RPCRunner(BaseModel):
 
 
 Runner = Annotated[LocalRunner | RPCRunner, Field(discriminator="kind")]
+
+
+class AccuracyBudgetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_top1_changed: StrictFloat | StrictInt = Field(
+        default=DEFAULT_MAX_TOP1_CHANGED,
+        ge=0,
+        le=1,
+        description="Share of the validation rows of a classifier-like output whose top-1 class may change",
+    )
+    max_relative_error: StrictFloat | StrictInt = Field(
+        default=DEFAULT_MAX_RELATIVE_ERROR,
+        gt=0,
+        le=1e6,
+        description="Norm-wise relative error ||q - f|| / ||f|| allowed on every other output",
+    )
 
 
 class JobIn(BaseModel):
@@ -72,13 +91,32 @@ class JobIn(BaseModel):
         description="Schedule space: 'cpu' (MetaSchedule's rules) or 'cpu-poly' (shaped by the polyhedral "
         "analysis) for CPU targets, 'gpu' for CUDA; default: the target's default",
     )
-    precision: Literal["as-is", "auto", "bf16", "fp16"] = Field(
-        default="as-is",
+    precision: Literal["as-is", "auto", "bf16", "fp16", "int8"] = Field(
+        default="auto",
         description="Float models: 'bf16' or 'fp16' computes matmuls and convolutions on low-precision "
         "operands with fp32 accumulation (weights stored in the low precision, sensitive operators kept in "
         "fp32), verified by norm-wise relative error against the float32 model; 'auto' is bf16 on a CPU "
         "with bf16 instructions (AMX-BF16, AVX512-BF16) when the outputs stay within the bf16 tolerance, "
-        "else as-is (the plan's fusion.precision_choice says which and why); 'as-is' keeps the model's",
+        "else as-is (the plan's fusion.precision_choice says which and why); 'int8' quantizes a float ONNX "
+        "model (static, per-channel weights, activations calibrated on calibration_id's samples or on "
+        "seeded synthetic ones) within accuracy_budget, returning the operators that hurt it most to "
+        "float32; 'as-is' keeps the model's. The default, 'auto', is int8 when calibration_id is given "
+        "(an ONNX model), else bf16 or as-is as above",
+    )
+    calibration_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="precision int8: a calibration file uploaded to /api/v1/calibrations, split into "
+        "calibration and held-back validation samples; default: seeded synthetic inputs",
+    )
+    calibration_method: Literal["minmax", "percentile", "entropy"] = Field(
+        default="minmax", description="precision int8: how the activations' ranges are calibrated"
+    )
+    accuracy_budget: AccuracyBudgetIn | None = Field(
+        default=None,
+        description="precision int8: how far the quantized model may stray from the float model on the "
+        "validation samples (default: top-1 changed on at most 1 % of rows of a [batch, classes] output, "
+        "a norm-wise relative error of at most 0.05 on any other)",
     )
     float_model_id: str | None = Field(
         default=None,
@@ -169,6 +207,42 @@ class OutputAccuracyOut(EntityOut):
     )
 
 
+class QuantizationMetricOut(EntityOut):
+    top1_changed: float | None = Field(
+        description="Largest share, over [batch, classes] outputs, of validation rows whose top-1 changed"
+    )
+    relative_error: dict[str, float] = Field(description="Per output, the norm-wise relative error")
+
+
+class AccuracyBudgetOut(EntityOut):
+    max_top1_changed: float
+    max_relative_error: float
+
+
+class QuantizationOut(EntityOut):
+    method: str = Field(
+        description="How the activations' ranges were calibrated: minmax, percentile, entropy"
+    )
+    samples: str = Field(description="The calibration and validation samples, and where they came from")
+    synthetic: bool = Field(description="The samples are seeded synthetic inputs, not the user's")
+    budget: AccuracyBudgetOut
+    before: QuantizationMetricOut = Field(description="Every convolution and matmul in int8")
+    after: QuantizationMetricOut = Field(description="As compiled, after the accuracy control")
+    within_budget: bool
+    returned: list[str] = Field(description="Operators returned to float32 to hold the budget, worst first")
+    precision: dict[str, str] = Field(description="Each quantizable operator's precision: int8 or float32")
+
+    @classmethod
+    def of(cls, report: QuantizationReport) -> QuantizationOut:
+        return cls.from_entity(
+            report,
+            budget=AccuracyBudgetOut.from_entity(report.budget),
+            before=QuantizationMetricOut.from_entity(report.before),
+            after=QuantizationMetricOut.from_entity(report.after),
+            returned=list(report.returned),
+        )
+
+
 class AccuracyOut(EntityOut):
     reference: str = Field(
         description="What the outputs were compared with (onnxruntime on the same model; for a reduced "
@@ -181,10 +255,19 @@ class AccuracyOut(EntityOut):
         description="Reduced precision: the norm-wise relative error allowed; null: quantized (one step)",
     )
     float_model: str | None = Field(default=None, description="The float model top-1 was counted against")
+    quantization: QuantizationOut | None = Field(
+        default=None,
+        description="precision int8: how Kiln quantized the float model, and the accuracy control",
+    )
 
     @classmethod
     def of(cls, report: AccuracyReport) -> AccuracyOut:
-        return cls.from_entity(report, outputs=[OutputAccuracyOut.from_entity(o) for o in report.outputs])
+        quantization = QuantizationOut.of(report.quantization) if report.quantization is not None else None
+        return cls.from_entity(
+            report,
+            outputs=[OutputAccuracyOut.from_entity(o) for o in report.outputs],
+            quantization=quantization,
+        )
 
 
 class TaskGroupOut(EntityOut):
@@ -219,6 +302,9 @@ class JobOut(EntityOut):
     space: str | None = Field(description="The schedule space that tunes the job")
     precision: str = Field(description="The precision policy for float matmuls and convolutions")
     float_model_id: str | None = Field(description="The float model the accuracy report compares top-1 with")
+    calibration_id: str | None = Field(default=None, description="precision int8: the calibration file")
+    calibration_method: str = Field(default="minmax", description="precision int8: how ranges are calibrated")
+    accuracy_budget: AccuracyBudgetOut | None = Field(default=None, description="precision int8: the budget")
     seed: int
     workers: int = Field(description="How many workers may tune the job's tasks at once")
     task_groups: list[TaskGroupOut] = Field(
@@ -274,6 +360,9 @@ class JobOut(EntityOut):
             space=spec.space,
             precision=spec.precision,
             float_model_id=spec.float_model_id,
+            calibration_id=spec.calibration_id,
+            calibration_method=spec.calibration_method,
+            accuracy_budget=AccuracyBudgetOut.from_entity(spec.accuracy_budget),
             seed=spec.seed,
             workers=spec.workers,
             progress=ProgressOut(**progress),

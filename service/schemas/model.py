@@ -83,7 +83,9 @@ class FusionOut(EntityOut):
         description="How the integer kernels compute: 'amx' (as 'vnni', and the packed matmuls that are whole "
         "16x32x64 blocks on AMX tiles), 'vnni' (weights packed for the vpdpbusd dot product "
         "where they fit), 'avx-vnni' (the same, 8 channels wide for the 256-bit vpdpbusd of AVX-VNNI CPUs "
-        "without AVX-512), 'plain' (tiled integer loops: the CPU has no VNNI), '' without any",
+        "without AVX-512), 'avx512' and 'avx2' (weights packed as int16 for vpmaddwd, exact int16 products, on "
+        "CPUs without VNNI: zmm with AVX512-BW, ymm with AVX2), 'plain' (tiled integer loops: no vector integer "
+        "dot product), '' without any",
     )
     vnni_packed: list[str] = Field(default_factory=list, description="Integer operators on VNNI kernels")
     amx_matmuls: list[str] = Field(

@@ -211,7 +211,7 @@ def test_task_preview_lists_fused_kernels(client: TestClient, mlp_model: dict) -
 
 
 def test_a_quantized_model_preview_says_what_runs_in_integers(client: TestClient) -> None:
-    from schedules.vnni import vnni_lanes
+    from schedules.vnni import integer_dot
     from tests.quant_models import QuantSpec, build_qdq_net
     from tuner.targets import host_target, to_tvm_target
 
@@ -223,16 +223,18 @@ def test_a_quantized_model_preview_says_what_runs_in_integers(client: TestClient
     fusion = response.json()["fusion"]
     assert fusion["integer_ops"] == ["matmul 4x32 @ 32x24 -> int8", "matmul 4x24 @ 24x10 -> int8"]
     assert fusion["kept_float"] == []
-    # Neither has a multiple of 16 output columns: on an AVX512-VNNI CPU both stay on plain integer
-    # kernels; AVX-VNNI's 8 lanes take the first.
-    lanes = vnni_lanes(to_tvm_target(host_target()))
+    # Neither has a multiple of 16 output columns: on an AVX512-VNNI CPU (or AVX-512 without VNNI) both stay
+    # on plain integer kernels; the 8 lanes of AVX-VNNI (or of AVX2's vpmaddwd) take the first.
+    dot = integer_dot(to_tvm_target(host_target()))
+    lanes = dot.lanes if dot is not None else None
     if lanes == 8:
-        assert fusion["integer_kernels"] == "avx-vnni" and fusion["vnni_packed"] == ["matmul 4x32 @ 32x24"]
+        assert dot is not None and fusion["integer_kernels"] == dot.kind
+        assert fusion["vnni_packed"] == ["matmul 4x32 @ 32x24"]
         assert fusion["vnni_unpacked"] == [
             "matmul 4x24 @ 24x10: 10 output columns (a multiple of 8 is packed)"
         ]
     elif lanes == 16:
-        assert fusion["integer_kernels"] == "vnni" and fusion["vnni_packed"] == []
+        assert dot is not None and fusion["integer_kernels"] == dot.kind and fusion["vnni_packed"] == []
         assert fusion["vnni_unpacked"] == [
             "matmul 4x32 @ 32x24: 24 output columns (a multiple of 16 is packed)",
             "matmul 4x24 @ 24x10: 10 output columns (a multiple of 16 is packed)",

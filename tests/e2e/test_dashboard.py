@@ -89,11 +89,9 @@ def test_upload_tune_watch_inspect_download(
     page.fill("#trials", "8")
     page.fill("#time-budget", "10")  # minutes; the 8 trials end first
     page.select_option("#space", "cpu-poly")
-    # On a CPU with bf16 instructions the form proposes the auto precision (what OpenVINO's users get
-    # without asking); elsewhere the model's own. This job keeps the model's.
-    host_bf16 = httpx.get(f"{url}/api/v1/devices").json()["host_bf16"]
-    proposed = "auto" if host_bf16 else "as-is"
-    page.wait_for_function(f"document.querySelector('#precision').value === '{proposed}'", timeout=30_000)
+    # The form proposes the auto precision (int8 with calibration inputs, bf16 where the CPU multiplies it
+    # natively, else the model's own). This job keeps the model's.
+    assert page.locator("#precision").input_value() == "auto"
     page.select_option("#precision", "as-is")
     page.click("#start-job")
     page.wait_for_url("**/#/jobs/*")
@@ -407,3 +405,47 @@ def test_a_split_jobs_page_lists_its_task_groups_and_their_workers(
         ["#0", "#0, #2", "20", "running", "node-b:42", "1"],
         ["#1", "#1", "12", "queued", "–", "0"],
     ]
+
+
+def test_an_int8_job_from_the_form_with_calibration_inputs(
+    start_server: Callable[..., str], browser_page, tmp_path: Path
+) -> None:
+    """The form's precision field explains the chosen policy in a line and fits its card at 1400 px; int8
+    asks for calibration inputs and a budget, uploads the .npz, and the job page shows how Kiln quantized
+    the float model."""
+    import numpy as np
+
+    from tests.model_builders import build_small_cnn
+
+    page = browser_page
+    url = start_server()
+    model_path = tmp_path / "cnn.onnx"
+    onnx.save(build_small_cnn(batch=1, image_size=16), str(model_path))
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, x=np.random.default_rng(2).standard_normal((12, 3, 16, 16)).astype(np.float32))
+
+    page.goto(url + "/#/submit")
+    page.set_input_files("#model-file", str(model_path))
+    page.click("#upload-form button[type=submit]")
+    page.locator("#model-ready").wait_for()
+    # auto, the default, takes calibration inputs (and becomes int8 with them); as-is does not.
+    assert page.locator("#precision").input_value() == "auto" and page.locator("#int8-fields").is_visible()
+    page.select_option("#precision", "as-is")
+    assert (
+        page.locator("#int8-fields").is_hidden()
+        and "own precision" in page.locator("#precision-line").inner_text()
+    )
+    assert _overflow(page, "#precision") <= 0
+    page.select_option("#precision", "int8")
+    assert "quantized" in page.locator("#precision-line").inner_text()
+    assert page.locator("#int8-fields").is_visible() and _overflow(page, "#int8-fields") <= 0
+    page.set_input_files("#calibration-file", str(inputs))
+    page.fill("#trials", "4")
+    page.click("#start-job")
+    page.wait_for_url("**/#/jobs/*")
+    page.locator("#job-head .badge[data-status=succeeded]").wait_for(timeout=400_000)
+    quantization = page.locator("#quantization").inner_text()
+    assert "Quantized by Kiln: 4 of 4 convolutions/matmuls in int8" in quantization, quantization
+    assert "6 calibration and 6 validation samples from the user's calibration file" in quantization
+    assert "held" in quantization and page.locator("#synthetic-calibration").count() == 0
+    assert page.locator("#returned").inner_text() == "none"

@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from schedules.amx import has_amx_int8
-from schedules.vnni import vnni_lanes
+from schedules.vnni import integer_dot
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, read_records_in_fresh_process, run_artifact_in_fresh_process
 from tests.cost_model_catch_up import catch_up_in_fresh_process
@@ -56,23 +56,26 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
         "matmul 1x2304 @ 2304x10 -> int8",
     ]
 
-    # The tuned convolution reads u8 activations and s8 weights and accumulates in int32: on a VNNI CPU
-    # with the weights packed 16 x 4 and vpdpbusd; elsewhere in plain tiled loops.
+    # The tuned convolution reads u8 activations and accumulates in int32: on a VNNI CPU with s8 weights
+    # packed 16 x 4 and vpdpbusd; on an AVX2 CPU without VNNI with the weights packed 8 x 2 as int16 and
+    # vpmaddwd; elsewhere in plain tiled loops.
     conv = next(t for t in result.tasks if "conv2d" in t.name)
     tuned = best_schedule(sqlite_store, result.job, conv).tir
     params = re.search(r"def main\((.*)\):", tuned).group(1)  # type: ignore[union-attr]
     assert re.match(r'\w+: T\.Buffer\(\(.*?\), "uint8"\)', params), params  # the activations
-    lanes = vnni_lanes(to_tvm_target(host_target()))
-    if lanes is not None:  # 16 with AVX512-VNNI, 8 with AVX-VNNI alone
-        assert result.fusion.integer_kernels == ("vnni" if lanes == 16 else "avx-vnni")
+    dot = integer_dot(to_tvm_target(host_target()))
+    if dot is not None:
+        lanes, depth = dot.lanes, dot.depth
+        assert result.fusion.integer_kernels == dot.kind
         assert [p.split(" ")[0] for p in result.fusion.vnni_packed] == ["conv2d"]
         assert result.fusion.vnni_unpacked == [
             f"matmul 1x2304 @ 2304x10: 10 output columns (a multiple of {lanes} is packed)"
         ]
-        assert "vnni_conv2d" in conv.name and "vpdpbusd" in tuned, tuned
-        # The weight packed [O/L, KH, KW, C/4, L, 4], and the requantization fused into the kernel.
+        assert "vnni_conv2d" in conv.name and dot.llvm_intrinsic in tuned, tuned
+        # The weight packed [O/L, KH, KW, C/D, L, D], and the requantization fused into the kernel.
         plain = re.sub(r"T\.int64\((\d+)\)", r"\1", params)
-        packed = rf'param_0: T\.Buffer\(\({16 // lanes}, 3, 3, 2, {lanes}, 4\), "int8"\)'
+        shape = f"{16 // lanes}, 3, 3, {8 // depth}, {lanes}, {depth}"
+        packed = rf'param_0: T\.Buffer\(\({shape}\), "{dot.weight_dtype}"\)'
         assert re.search(packed, plain), plain
         assert re.search(r'T\.Buffer\(\(1, 12, 12, 16\), "int8"\)$', plain), plain
     else:
@@ -114,16 +117,17 @@ def test_a_qdq_cnn_tunes_in_integers_and_matches_onnxruntime(sqlite_store: Store
     if np.abs(ort - expected).max() <= 1.001 * step:
         assert np.abs(got - ort).max() <= 1.001 * step
 
-    # Plain TVM reads the artifact's records in a process that never imported Kiln: on a VNNI CPU after
-    # importing only the kiln_intrinsics package the artifact ships (without it, the VNNI records cannot be
-    # replayed); elsewhere the records use no intrinsic of Kiln's and the artifact ships none.
+    # Plain TVM reads the artifact's records in a process that never imported Kiln: on an x86 CPU with an
+    # integer dot product after importing only the kiln_intrinsics package the artifact ships (without it,
+    # the tensorized records cannot be replayed); elsewhere the records use no intrinsic of Kiln's and the
+    # artifact ships none.
     artifact = Path(result.artifact.path)
-    read = read_records_in_fresh_process(artifact, tmp_path, register=lanes is not None)
+    read = read_records_in_fresh_process(artifact, tmp_path, register=dot is not None)
     assert read.returncode == 0, read.stderr
     records = json.loads(read.stdout)
     assert records["records"] > 0 and records["kiln_modules"] == []
-    if lanes is not None:
-        intrinsic = "kiln_dot_16x4_vnni" if lanes == 16 else "kiln_dot_8x4_avxvnni"
+    if dot is not None:
+        intrinsic = dot.intrinsic
         assert manifest["tensor_intrinsics"] == [intrinsic] and "kiln_intrinsics/" in manifest["files"]
         assert any(intrinsic in trace for trace in records["traces"])
         unregistered = read_records_in_fresh_process(artifact, tmp_path, register=False)
@@ -283,3 +287,70 @@ def test_a_float_model_with_other_inputs_is_refused(sqlite_store: Store, tmp_pat
         spec = JobSpec(model_id=model.id, target=host_target(), trials=4, float_model_id=float_id)
         with pytest.raises(InvalidSpec, match=why):
             submit_job(sqlite_store, spec)
+
+
+def test_a_float_model_with_calibration_inputs_becomes_an_int8_artifact(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """precision int8 on a float CNN and an .npz of its inputs: quantized within the budget, every
+    convolution and matmul tuned in integers (u8 activations, int32 accumulation; on this CPU's integer dot
+    product where it has one), exact against the QDQ model's reference semantics, top-1 against the float
+    model reported; a budget int8 breaks returns the worst operators to float32 and says so."""
+    from tests.model_builders import build_small_cnn
+    from tuner.entities import AccuracyBudget
+    from tuner.quantization.calibration_files import save_calibration
+
+    settings = Settings(data_dir=tmp_path, database_url=None, poly_seeds=2)
+    path = tmp_path / "cnn.onnx"
+    onnx.save(build_small_cnn(batch=2, image_size=16), path)
+    samples = np.random.default_rng(4).standard_normal((24, 3, 16, 16)).astype(np.float32)  # 12 samples of 2
+    calibration = tmp_path / "inputs.npz"
+    np.savez(calibration, x=samples)
+    stored = save_calibration(settings, calibration.read_bytes())
+
+    result = run_host_job(sqlite_store, settings, path, trials=6, precision="int8", calibration_id=stored.id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    q = result.job.accuracy.quantization if result.job.accuracy else None
+    assert q is not None and q.within_budget and not q.synthetic and q.returned == ()
+    assert q.samples == "6 calibration and 6 validation samples from the user's calibration file"
+    assert set(q.precision) == {"conv1", "conv2", "conv3", "fc"} and set(q.precision.values()) == {"int8"}
+    assert len(result.fusion.integer_ops) == 4 and result.fusion.kept_float == []
+    # The accuracy report: the tuned build within a step of the quantized model's reference semantics,
+    # and its top-1 against the float model it came from.
+    (out,) = result.job.accuracy.outputs
+    assert out.max_steps is not None and out.max_steps <= 1.001 and out.top1_agreement is not None
+    assert result.job.accuracy.float_model == "cnn (float32)"
+    # The convolutions' compiled kernels multiply u8 activations into int32 sums: on this CPU's integer dot
+    # product where it has one (every convolution packed for it, the RGB one with a zero channel).
+    dot = integer_dot(to_tvm_target(host_target()))
+    convs = [t for t in result.tasks if "conv2d" in t.name]
+    assert len(convs) == 3
+    if dot is not None:
+        assert [p.split(" ")[0] for p in result.fusion.vnni_packed] == ["conv2d"] * 3
+        instruction = dot.instruction.split(" ")[0]  # vpdpbusd, vpmaddwd
+        for conv in convs:
+            assembly = sqlite_store.get_task_assembly(conv.id).text
+            assert instruction in assembly, (conv.name, instruction)
+    with tarfile.open(result.artifact.path, "r:gz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    assert manifest["quantization"]["from_float"] == q.to_dict()
+    assert manifest["precision"]["policy"] == "int8"
+
+    # A budget no int8 operator holds (the bottleneck's output is not a classifier: judged by its
+    # relative error): every operator returns to float32, and the job says so.
+    bottleneck = tmp_path / "bottleneck.onnx"
+    onnx.save(build_bottleneck(), bottleneck)
+    strict = run_host_job(
+        sqlite_store,
+        settings,
+        bottleneck,
+        trials=0,
+        precision="int8",
+        accuracy_budget=AccuracyBudget(max_relative_error=1e-6),
+    )
+    assert strict.job.status is JobStatus.SUCCEEDED, strict.job.error
+    s = strict.job.accuracy.quantization if strict.job.accuracy else None
+    assert s is not None and s.synthetic and s.before.relative_error["y"] > 1e-6
+    assert len(s.returned) == 3 and set(s.precision.values()) == {"float32"}
+    assert s.within_budget and s.after.relative_error["y"] == 0.0
+    assert strict.fusion.integer_ops == []

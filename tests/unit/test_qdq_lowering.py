@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from kiln_tvm import relax
-from schedules.vnni import has_packed_block
+from schedules.vnni import has_packed_block, integer_dot
 from tests.quant_models import QuantSpec, build_qdq_net, plan_and_compare, reference_output
 from tuner.compile import LoadedModel, build_untuned
 from tuner.frontend import load_model
@@ -32,15 +32,16 @@ def _ops(func: relax.Function) -> list[relax.Call]:
     return found
 
 
-def _integer_cores(plan: GraphPlan) -> list[list[relax.Expr]]:
-    """The operands of each integer convolution and matmul: the Relax operators', and on VNNI CPUs those
-    of the kernels over packed weights that replace them (tuner.passes.int8_packing)."""
+def _integer_cores(plan: GraphPlan) -> list[tuple[str, str]]:
+    """The operand types of each integer convolution and matmul: the Relax operators' (u8 x s8), and those
+    of the kernels over packed weights that replace them (tuner.passes.int8_packing): u8 x s8 for VNNI,
+    u8 x s16 for the int16 products of CPUs without it, as the dot product of ``plan``'s CPU reads them."""
     cores = []
     for c in _ops(plan.prepared["main"]):
         if c.op.name in CORE_OPS and str(c.ty.dtype) == "int32":
-            cores.append(list(c.args[:2]))
+            cores.append(tuple(str(a.ty.dtype) for a in c.args[:2]))
         elif c.op.name == "relax.call_tir" and has_packed_block(plan.prepared[c.args[0]]):
-            cores.append(list(c.args[1].fields))
+            cores.append(tuple(str(a.ty.dtype) for a in c.args[1].fields[:2]))
     return cores
 
 
@@ -74,8 +75,10 @@ def test_quantized_layers_compute_in_integers_and_match_onnxruntime(
     # The layer and the matmul after it; a convolution of asymmetric weights adds the input's window
     # sums (a convolution with ones).
     assert len(cores) == (3 if spec.weight_zero_point and kind == "conv" else 2), plan.prepared["main"]
+    dot = integer_dot(to_tvm_target(host_target()))
+    packed = dot.weight_dtype if dot is not None else "int8"
     for operands in cores:
-        assert {str(a.ty.dtype) for a in operands} == {"uint8", "int8"}  # u8 x s8, as VNNI wants
+        assert operands in {("uint8", "int8"), ("uint8", packed)}, cores  # u8 x s8 (or s16), as x86 wants
     assert len(plan.fusion.integer_ops) == 2 and not plan.fusion.kept_float
     floats = [c for c in _ops(plan.prepared["main"]) if c.op.name in CORE_OPS and str(c.ty.dtype) != "int32"]
     assert not floats, plan.prepared["main"]

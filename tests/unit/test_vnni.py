@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kiln_tvm import relax, tvm
-from schedules.vnni import VNNI_BLOCK, vnni_lanes
+from kiln_tvm.x86_vnni import AVX2_WORD_DOT, AVX512_WORD_DOT, AVXVNNI_DOT, VNNI_DOT
+from schedules.vnni import VNNI_BLOCK, integer_dot, vnni_lanes
 from tests.schedule_candidates import sampled_candidates
 from tuner.passes.int8_packing import (
     VnniReport,
@@ -113,14 +114,18 @@ def _integer_graph(k: int, n: int, conv_channels: int | None = None) -> tvm.IRMo
 def test_the_pass_packs_what_fits_and_says_why_not_for_the_rest() -> None:
     report = VnniReport()
     mod = pack_for_vnni(report)(_integer_graph(64, 32, conv_channels=3))
-    assert report.packed == ["matmul 4x64 @ 64x32"]
-    assert report.unpacked == ["conv2d 1x8x8x3 * 16x3x3x3: 3 input channels (a multiple of 4 is packed)"]
+    # An RGB convolution's 3 channels get a zero fourth: packed too.
+    assert report.packed == ["matmul 4x64 @ 64x32", "conv2d 1x8x8x3 * 16x3x3x3"]
+    report = VnniReport()
+    mod = pack_for_vnni(report)(_integer_graph(62, 32, conv_channels=4))
+    assert report.packed == ["conv2d 1x8x8x4 * 16x3x3x4"]
+    assert report.unpacked == ["matmul 4x62 @ 62x32: 62 inputs (a multiple of 4 is packed)"]
     marked = [
         gv.name_hint
         for gv, f in mod.functions.items()
         if isinstance(f, tvm.tirx.PrimFunc) and VNNI_BLOCK in f.script()
     ]
-    assert marked == ["vnni_matmul"]
+    assert marked == ["vnni_conv2d"]
 
 
 def _lowered_kernel(mod: tvm.IRModule) -> tvm.IRModule:
@@ -205,7 +210,7 @@ def test_avx_vnni_cpus_get_8_lane_kernels_on_vpdpbusd_ymm() -> None:
     conv = rng.integers(-128, 128, (8, 3, 3, 4), dtype=np.int8)
     assert pack_conv_weight(conv, lanes=8).shape == (1, 3, 3, 1, 8, 4)
 
-    report = VnniReport(lanes=8)
+    report = VnniReport(dot=AVXVNNI_DOT)
     graph = relax.BlockBuilder()
     var = relax.Var("x", relax.TensorType((4, 64), "uint8"))
     with graph.function("main", [var]):
@@ -227,3 +232,74 @@ def test_avx_vnni_cpus_get_8_lane_kernels_on_vpdpbusd_ymm() -> None:
             np.testing.assert_array_equal(out.numpy(), expected, f"candidate {attempt}")
     if not HOST_HAS_AVXVNNI:
         pytest.skip("the 8-lane candidates built on vpdpbusd ymm, but this CPU has no AVX-VNNI to run them")
+
+
+#: CPUs without VNNI: AVX2 (this machine, where it has AVX2) and AVX-512 without VNNI (a Skylake-SP).
+AVX2_TARGET = to_tvm_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+AVX512_TARGET = to_tvm_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+HOST_FEATURES = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(HOST)}
+
+
+def test_each_cpu_class_gets_its_integer_dot_product() -> None:
+    assert integer_dot(VNNI_TARGET) == VNNI_DOT and integer_dot(AVXVNNI_TARGET) == AVXVNNI_DOT
+    assert integer_dot(AVX512_TARGET) == AVX512_WORD_DOT and integer_dot(AVX2_TARGET) == AVX2_WORD_DOT
+    sse = to_tvm_target({"kind": "llvm", "mcpu": "nehalem", "num-cores": 2})
+    assert integer_dot(sse) is None
+
+
+@pytest.mark.parametrize("dot", [AVX2_WORD_DOT, AVX512_WORD_DOT], ids=lambda d: d.kind)
+@pytest.mark.parametrize("kind", ["matmul", "conv2d", "conv2d-rgb"])
+def test_cpus_without_vnni_compute_exact_int16_products_on_vpmaddwd(kind: str, dot: object) -> None:
+    """Full-range u8 inputs by full-range s8 weights (where vpmaddubsw would saturate its int16 sums): the
+    kernels packed as int16 for vpmaddwd compute the integer operator exactly."""
+    target = AVX2_TARGET if dot is AVX2_WORD_DOT else AVX512_TARGET
+    runs = ("avx512bw" in HOST_FEATURES) if dot is AVX512_WORD_DOT else ("avx2" in HOST_FEATURES)
+    rng = _rng()
+    bb = relax.BlockBuilder()
+    lanes = dot.lanes
+    if kind == "matmul":
+        data = np.full((4, 64), 255, np.uint8)
+        data[1:] = rng.integers(0, 256, (3, 64), dtype=np.uint8)
+        weight = rng.integers(-128, 128, (64, 2 * lanes), dtype=np.int8)
+        weight[:, 0] = 127  # 255 * 127 * 2 > 32767: beyond vpmaddubsw's int16
+        packed = pack_matmul_weight(weight.astype(np.int16), pair=2, lanes=lanes)
+        expected = data.astype(np.int32) @ weight.astype(np.int32)
+        op = lambda x: relax.op.matmul(x, relax.const(weight, "int8"), out_dtype="int32")  # noqa: E731
+    else:
+        # An RGB image's 3 channels: the pass gives the weight (and the input) a zero fourth channel.
+        channels = 6 if kind == "conv2d" else 3
+        data = rng.integers(0, 256, (1, 9, 9, channels), dtype=np.uint8)  # padded already
+        weight = rng.integers(-128, 128, (lanes, 3, 3, channels), dtype=np.int8)
+        weight[0] = -128
+        extra = channels % 2
+        padded_weight = np.pad(weight, [(0, 0), (0, 0), (0, 0), (0, extra)])
+        packed = pack_conv_weight(padded_weight.astype(np.int16), lanes, 2)
+        expected = _conv_reference(data, weight, (2, 2))
+        op = lambda x: relax.op.nn.conv2d(  # noqa: E731
+            x,
+            relax.const(weight, "int8"),
+            strides=[2, 2],
+            data_layout="NHWC",
+            kernel_layout="OHWI",
+            out_dtype="int32",
+        )
+    var = relax.Var("x", relax.TensorType(data.shape, "uint8"))
+    with bb.function("main", [var]):
+        bb.emit_func_output(bb.emit(op(var)))
+    report = VnniReport(dot=dot)
+    kernel = _lowered_kernel(pack_for_vnni(report)(bb.get()))
+    assert len(report.packed) == 1 and report.unpacked == []
+    if kind == "conv2d-rgb":  # the kernel reads the input with its zero channel
+        data = np.pad(data, [(0, 0), (0, 0), (0, 0), (0, 1)])
+    for attempt, candidate in enumerate(sampled_candidates(kernel, target, 3)):
+        assert dot.intrinsic in str(candidate.trace), f"candidate {attempt}"
+        lib = tvm.compile(candidate.mod, target=target)
+        asm = lib.mod.inspect_source("asm")
+        assert re.search(r"vpmaddwd[^\n]*%" + ("zmm" if lanes == 16 else "ymm"), asm), f"candidate {attempt}"
+        assert "vpmaddubsw" not in asm
+        if runs:
+            out = tvm.runtime.tensor(np.zeros(expected.shape, np.int32))
+            lib(tvm.runtime.tensor(data), tvm.runtime.tensor(packed), out)
+            np.testing.assert_array_equal(out.numpy(), expected, f"candidate {attempt}")
+    if not runs:
+        pytest.skip(f"the {dot.instruction} candidates built, but this CPU cannot run them")

@@ -32,6 +32,7 @@ from tuner.entities.plan import (
     TaskInfo,
 )
 from tuner.entities.profile import KernelAssembly, KernelProfile, MachineLimits, ModelProfile, OnnxruntimeNode
+from tuner.entities.quantization import AccuracyBudget, QuantizationMetric, QuantizationReport
 from tuner.entities.record import (
     FAILED_RUN_TIME_S,
     BestRecord,
@@ -45,8 +46,11 @@ from tuner.entities.record import (
 )
 
 __all__ = [
+    "QuantizationMetric",
+    "QuantizationReport",
     "FAILED_RUN_TIME_S",
     "record_latency_s",
+    "AccuracyBudget",
     "AccuracyReport",
     "ApiToken",
     "Artifact",

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from tuner.entities.outcome import AccuracyReport, LatencyReport
+from tuner.entities.quantization import AccuracyBudget
 from tuner.errors import InvalidSpec
 
 DEFAULT_TRIALS = 64  # a job's trial budget when it gives neither trials nor a time budget
@@ -17,8 +18,11 @@ MAX_JOB_WORKERS = 64  # the most workers one job's tasks may be split over
 #: The cost models a job may ask for (tuner.tune.make_cost_model).
 COST_MODELS = ("xgb", "random")
 #: The precision policies a job may ask for (tuner.passes.precision): ``as-is`` changes nothing; ``auto`` is
-#: ``bf16`` or ``as-is`` by the CPU.
-PRECISIONS = ("as-is", "auto", "bf16", "fp16")
+#: ``bf16`` or ``as-is`` by the CPU; ``int8`` quantizes a float model (tuner.quantization) within the job's
+#: accuracy budget.
+PRECISIONS = ("as-is", "auto", "bf16", "fp16", "int8")
+#: The calibration methods of the int8 policy (tuner.quantization.onnx_quantizer).
+CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 
 
 def check_cost_model(name: str) -> None:
@@ -31,6 +35,18 @@ def check_precision(policy: str) -> None:
     """:class:`~tuner.errors.InvalidSpec` for a precision policy Kiln does not know."""
     if policy not in PRECISIONS:
         raise InvalidSpec(f"unknown precision {policy!r}; choose one of {', '.join(PRECISIONS)}")
+
+
+def check_quantization_fields(method: str, budget: AccuracyBudget) -> None:
+    """:class:`~tuner.errors.InvalidSpec` for an unknown calibration method or a budget out of range."""
+    if method not in CALIBRATION_METHODS:
+        raise InvalidSpec(
+            f"unknown calibration method {method!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
+        )
+    if not 0.0 <= budget.max_top1_changed <= 1.0:
+        raise InvalidSpec(f"max_top1_changed is a share from 0 to 1, got {budget.max_top1_changed!r}")
+    if not 0.0 < budget.max_relative_error < math.inf:
+        raise InvalidSpec(f"max_relative_error must be a positive number, got {budget.max_relative_error!r}")
 
 
 def trial_budget(trials: int | None, time_budget_s: float | None) -> int | None:
@@ -148,6 +164,12 @@ class JobSpec:
     #: How many workers may tune this job's tasks at once (tuner.jobs.task_groups): its tasks are split in
     #: that many groups, which idle workers claim; 1 tunes them all in the job's own worker.
     workers: int = 1
+    #: The int8 policy's calibration and validation inputs (a kept .npz, by its sha256); None: synthetic.
+    calibration_id: str | None = None
+    #: How the int8 policy calibrates the activations' ranges: minmax, percentile or entropy.
+    calibration_method: str = "minmax"
+    #: How far the int8 policy's model may stray from the float model on the validation samples.
+    accuracy_budget: AccuracyBudget = field(default_factory=AccuracyBudget)
 
     def __post_init__(self) -> None:
         if type(self.workers) is not int or not 1 <= self.workers <= MAX_JOB_WORKERS:
@@ -168,6 +190,9 @@ class JobSpec:
             "precision": self.precision,
             "float_model_id": self.float_model_id,
             "workers": self.workers,
+            "calibration_id": self.calibration_id,
+            "calibration_method": self.calibration_method,
+            "accuracy_budget": self.accuracy_budget.to_dict(),
         }
 
     @classmethod
@@ -187,6 +212,9 @@ class JobSpec:
             precision=data.get("precision") or "as-is",
             float_model_id=data.get("float_model_id"),
             workers=data.get("workers", 1),
+            calibration_id=data.get("calibration_id"),
+            calibration_method=data.get("calibration_method") or "minmax",
+            accuracy_budget=AccuracyBudget.from_dict(data.get("accuracy_budget")),
         )
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tuner.entities.quantization import QuantizationReport
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -89,6 +91,8 @@ class AccuracyReport:
     outputs: tuple[OutputAccuracy, ...]
     tolerance: float | None = None
     float_model: str | None = None  # the float model top-1 agreement was counted against (its name)
+    #: A float model Kiln quantized (the int8 policy): how, and the accuracy control's outcome.
+    quantization: QuantizationReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,7 @@ class AccuracyReport:
             "outputs": [asdict(o) for o in self.outputs],
             "tolerance": self.tolerance,
             "float_model": self.float_model,
+            "quantization": self.quantization.to_dict() if self.quantization is not None else None,
         }
 
     @classmethod
@@ -107,4 +112,5 @@ class AccuracyReport:
             tuple(OutputAccuracy(**o) for o in data["outputs"]),
             data.get("tolerance"),
             data.get("float_model"),
+            QuantizationReport.from_dict(data["quantization"]) if data.get("quantization") else None,
         )

@@ -62,8 +62,9 @@ class FusionSummary:
     kept_float: list[KeptFloat] = field(default_factory=list)
     #: How the integer kernels compute: "amx" (weights packed for vpdpbusd where they fit, and the packed
     #: matmuls that are whole 16 x 32 x 64 blocks on AMX tiles), "vnni" (packed for vpdpbusd zmm where they
-    #: fit), "avx-vnni" (packed 8 channels wide for vpdpbusd ymm: AVX-VNNI without AVX-512), "plain"
-    #: (tiled integer loops: the CPU has no VNNI); "" without integer kernels.
+    #: fit), "avx-vnni" (packed 8 channels wide for vpdpbusd ymm: AVX-VNNI without AVX-512), "avx512" and
+    #: "avx2" (no VNNI: packed as int16 for vpmaddwd zmm / ymm, exact int16 products), "plain" (tiled integer
+    #: loops: no vector integer dot product); "" without integer kernels.
     integer_kernels: str = ""
     vnni_packed: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
     amx_matmuls: list[str] = field(default_factory=list)  # of vnni_packed, those tuned on AMX tiles

@@ -57,6 +57,10 @@ def job_manifest(
             "amx_matmuls": plan.fusion.amx_matmuls,
             "vnni_unpacked": plan.fusion.vnni_unpacked,
             "accuracy": accuracy.to_dict() if accuracy is not None and accuracy.tolerance is None else None,
+            # precision int8: how Kiln quantized the float model (budget, metric, per-operator precision)
+            "from_float": accuracy.quantization.to_dict()
+            if accuracy is not None and accuracy.quantization is not None
+            else None,
         },
         "precision": {
             "policy": job.spec.precision,

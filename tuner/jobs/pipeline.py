@@ -15,6 +15,7 @@ the same target starts from them. Checking and queueing a job is :mod:`tuner.job
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from tuner.entities import (
     JobSpec,
     JobStatus,
     ModelInfo,
+    QuantizationReport,
     Task,
 )
 from tuner.errors import KilnError, TuningFailed
@@ -45,6 +47,7 @@ from tuner.jobs.failures import crash_report_path, describe_failure, write_crash
 from tuner.jobs.in_process import InProcessGuard, cli_worker_name
 from tuner.jobs.manifest import job_manifest
 from tuner.jobs.measuring import job_caches
+from tuner.jobs.quantizing import quantize_model, quantizes, with_int8_choice
 from tuner.jobs.recorder import JobListener, JobRecorder
 from tuner.jobs.search_run import search_tasks
 from tuner.jobs.stop import current_stop_reason
@@ -157,6 +160,8 @@ class _Planned:
     target: Any  # tvm.target.Target
     scope: str | None  # whose records the job reads (None: everyone's)
     database: KilnDatabase
+    #: The int8 policy: how the float model was quantized (its float model: ``model``'s own file).
+    quantization: QuantizationReport | None = None
 
 
 @dataclass(frozen=True)
@@ -202,19 +207,29 @@ def _plan(settings: Settings, job: Job, recorder: JobRecorder) -> _Planned:
     # The same memory bound as the sandbox's: a model that folds into gigabytes fails this job with the
     # reason instead of exhausting the worker's machine.
     path = model_file(store, settings, model.id)
+    shapes = job_input_shapes(model, spec)
+    quantization = None
     try:
         with memory_limit(settings.import_memory_mb):
-            imported = load_model(
-                path, job_input_shapes(model, spec), max_unpacked_bytes=settings.max_unpacked_mb << 20
-            )
+            if quantizes(spec):
+                recorder.stage("quantizing")
+                workdir = settings.jobs_dir / job.id / "quantization"
+                path, quantization = quantize_model(
+                    settings, spec, model, path, shapes=shapes, workdir=workdir
+                )
+                recorder.stage("importing")
+            imported = load_model(path, shapes, max_unpacked_bytes=settings.max_unpacked_mb << 20)
             recorder.stage("extracting tasks")
             plan = plan_for_precision(
                 imported,
                 target,
-                settings.planning_options(spec.precision),
+                # a quantized model is planned as it is: its float operators are those the budget needs
+                settings.planning_options("as-is" if quantization is not None else spec.precision),
                 runs_here=is_host_cpu(spec.target),
                 record_levels=True,
             )
+            if quantization is not None:
+                plan = with_int8_choice(plan, spec.precision, quantization)
     except Exception as exc:
         if is_out_of_memory(exc):
             raise SandboxLimits.from_settings(settings).too_much_memory(file_bytes(path)) from None
@@ -228,7 +243,7 @@ def _plan(settings: Settings, job: Job, recorder: JobRecorder) -> _Planned:
         workloads = [database.commit_workload_id(task.dispatched[0]) for task in plan.tasks]
         tasks = recorder.new_tasks(plan.infos, workloads, job.target_key, scope)
     recorder.planned(tasks, plan.fusion, spec.trials or 0)
-    return _Planned(model, imported, plan, target, scope, database)
+    return _Planned(model, imported, plan, target, scope, database, quantization)
 
 
 def _tune(settings: Settings, job: Job, planned: _Planned, recorder: JobRecorder, should_stop: Any) -> None:
@@ -299,6 +314,8 @@ def _check(settings: Settings, job: Job, planned: _Planned, built: _Built, recor
     inputs = random_inputs(imported.signature, spec.seed)
     untuned_exe = build_untuned(imported.mod, planned.target)
     floats = _float_reference(recorder.store, settings, spec, planned.target)
+    if planned.quantization is not None:  # the int8 policy: the float model is the job's own
+        floats = _own_float_reference(recorder.store, settings, planned)
     quantized = bool(plan.fusion.integer_ops or plan.fusion.kept_float)
     accuracy = None
     if plan.fusion.reduced_ops:  # bf16/fp16 products: held to the policy's norm-wise error
@@ -316,6 +333,8 @@ def _check(settings: Settings, job: Job, planned: _Planned, built: _Built, recor
         )
     if quantized or (floats is not None and accuracy is None):
         accuracy = measure_accuracy(imported, built.tuned_exe, spec.seed, floats) or accuracy
+    if accuracy is not None and planned.quantization is not None:
+        accuracy = dataclasses.replace(accuracy, quantization=planned.quantization)
     recorder.stage("measuring")
     latency = measure_latencies(
         imported,
@@ -404,6 +423,18 @@ def _package(
     recorder.succeeded(checked.latency, checked.accuracy)
     job_now = store.get_job(job.id)
     return JobResult(job_now, tasks, planned.plan.fusion, artifact, checked.comparisons, checked.latency)
+
+
+def _own_float_reference(store: Store, settings: Settings, planned: _Planned) -> FloatReference:
+    """The float model a quantized job came from (its stored file), ready to run."""
+    model = planned.model
+    with memory_limit(settings.import_memory_mb):
+        imported = load_model(
+            model_file(store, settings, model.id),
+            {t.name: tuple(int(d) for d in t.shape) for t in planned.imported.signature.inputs},
+            max_unpacked_bytes=settings.max_unpacked_mb << 20,
+        )
+    return float_reference(f"{model.name} (float32)", imported, planned.target)
 
 
 def _float_reference(store: Store, settings: Settings, spec: JobSpec, target: Any) -> FloatReference | None:

@@ -10,6 +10,7 @@ from tuner.frontend import check_given_shape
 from tuner.jobs.known_targets import CheckedTarget
 from tuner.jobs.spec_fields import check_spec_fields
 from tuner.passes.plan_keys import preview_refusal
+from tuner.quantization.calibration_files import check_int8_model, job_calibration, job_inputs
 from tuner.settings import Settings
 from tuner.store.sql import Store
 
@@ -47,6 +48,7 @@ def submit_job(
             raise refusal
     if spec.float_model_id is not None:
         _check_float_model(model, store.get_model(spec.float_model_id, owner))
+    _check_quantization(model, spec, settings)
     # The job records the space that tunes it, the target's default when the user named none.
     spec = JobSpec.from_dict({**spec.to_dict(), "target": target, "space": checked.space})
     return store.create_job(spec, checked.key, owner)
@@ -69,6 +71,24 @@ def _check_input_shapes(model: ModelInfo, spec: JobSpec) -> None:
         if any(type(d) is not int for d in shape):
             raise InvalidSpec(f"input_shapes['{name}'] must be integers, got {list(shape)}")
         check_given_shape(declared[name], tuple(shape))
+
+
+def _check_quantization(model: ModelInfo, spec: JobSpec, settings: Settings | None) -> None:
+    """The int8 policy needs an ONNX model; a calibration file serves int8 and auto (which it makes int8)
+    alone, and must hold samples of the model's inputs at the job's shapes (checked where the files are:
+    with ``settings``)."""
+    if spec.precision == "int8":
+        check_int8_model(model)
+    if spec.calibration_id is None:
+        return
+    if spec.precision not in ("int8", "auto"):
+        raise InvalidSpec(
+            f"a calibration file serves precision int8 or auto (quantizing the float model); this job asks "
+            f"for precision {spec.precision}"
+        )
+    check_int8_model(model)
+    if settings is not None:
+        job_calibration(settings, spec.calibration_id, job_inputs(model, job_input_shapes(model, spec)))
 
 
 def _check_float_model(model: ModelInfo, float_model: ModelInfo) -> None:

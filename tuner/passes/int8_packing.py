@@ -15,7 +15,9 @@ the 256-bit ``vpdpbusd ymm`` instead of 16):
     conv2d: Wp[O/16, KH, KW, C/4, 16, 4]  Wp[o // 16, kh, kw, c // 4, o % 16, c % 4] = W[o, kh, kw, c]
 
 The NHWC input gives the 4 consecutive channels and the NHWC output the 16 consecutive channels the
-instruction reads and writes. Each kernel's block is marked :data:`schedules.vnni.VNNI_BLOCK`, the only
+instruction reads and writes. On CPUs without VNNI the pass packs for ``vpmaddwd`` instead
+(:data:`kiln_tvm.x86_vnni.AVX2_WORD_DOT`): 8 channels (16 with AVX-512) by 2 reduction elements, the weights
+widened to int16 here, the u8 input pair widened in the kernel; the products are exact. Each kernel's block is marked :data:`schedules.vnni.VNNI_BLOCK`, the only
 blocks the cpu spaces tensorize. The others (a first convolution over 3 channels, a grouped one) keep
 their integer kernels and plain tiling. The kernels take their pair and accumulation type from the caller:
 the bf16 pass (:mod:`tuner.passes.bf16_packing`) emits its ``vdpbf16ps`` matmuls and convolutions with them.
@@ -30,7 +32,7 @@ import numpy as np
 
 from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import INT8
-from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_LANES
+from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_DOT, VNNI_LANES, IntegerDot
 from schedules.amx import fits_amx_tiles
 from schedules.vnni import VNNI_BLOCK, has_packed_block
 from tuner.passes.marked_kernels import conv2d_layout_misfit, emit_marked_kernel
@@ -50,11 +52,16 @@ class VnniReport:
     unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: 3 input channels ..."
     #: Each packed matmul's (rows, columns, reduction), by its description in ``packed``.
     matmul_extents: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    #: Output lanes of the kernels' VNNI product (16: ``vpdpbusd zmm``, AVX512-VNNI; 8: ``ymm``, AVX-VNNI).
-    lanes: int = VNNI_LANES
+    #: The CPU's integer dot product the kernels are packed for (:func:`schedules.vnni.integer_dot`).
+    dot: IntegerDot = VNNI_DOT
     #: Whether the CPU has AMX-INT8: a pointwise convolution of whole AMX blocks then goes on the matmul
     #: kernel (:func:`pointwise_as_matmul`), which :mod:`schedules.amx` tiles onto ``tdpbusd``.
     amx: bool = False
+
+    @property
+    def lanes(self) -> int:
+        """Output lanes of the kernels' product (16: ``vpdpbusd zmm``; 8: ``ymm``, AVX-VNNI, or AVX2's)."""
+        return self.dot.lanes
 
 
 def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
@@ -64,7 +71,7 @@ def pack_for_vnni(report: VnniReport | None = None) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="KilnPackForVNNI")
     def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        return relax.transform.DeadCodeElimination()(rewrite_functions(_VnniMutator(mod, sink, sink.lanes)))
+        return relax.transform.DeadCodeElimination()(rewrite_functions(_VnniMutator(mod, sink, sink.dot)))
 
     return rewrite
 
@@ -243,10 +250,10 @@ def emit_pointwise_matmul(
 
 @relax.expr_functor.mutator
 class _VnniMutator(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, report: VnniReport, lanes: int) -> None:
+    def __init__(self, mod: tvm.IRModule, report: VnniReport, dot: IntegerDot) -> None:
         super().__init__(mod)
         self.report = report
-        self.lanes = lanes
+        self.dot, self.lanes, self.depth = dot, dot.lanes, dot.depth
         self.matmul = tvm.ir.Op.get("relax.matmul")
         self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
 
@@ -270,17 +277,20 @@ class _VnniMutator(relax.PyExprMutator):
     def _matmul(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
         if weight.ndim != 2:
             return self._declined(call, "its weight is not a 2-D constant")
-        why = _block_misfit(weight.shape[1], weight.shape[0], "output columns", "inputs", self.lanes)
+        why = _block_misfit(
+            weight.shape[1], weight.shape[0], "output columns", "inputs", block=self.lanes, pair=self.depth
+        )
         if why:
             return self._declined(call, why)
-        packed = relax.const(pack_matmul_weight(weight, lanes=self.lanes), "int8")
+        packed = self._packed(pack_matmul_weight(weight, pair=self.depth, lanes=self.lanes))
         x_shape = [int(d) for d in call.args[0].ty.shape]
         rows = x_shape[-2] if len(x_shape) > 1 else 1
         self.report.matmul_extents[describe_core(call)] = (rows, int(weight.shape[1]), int(weight.shape[0]))
         return self._emit(call, matmul_kernel, [call.args[0], packed], "vnni_matmul")
 
     def _conv2d(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
-        pointwise = pointwise_as_matmul(call, weight) if self.report.amx else None
+        amx = self.report.amx and self.dot.depth == VNNI_DEPTH  # AMX-INT8 CPUs have VNNI
+        pointwise = pointwise_as_matmul(call, weight) if amx else None
         if pointwise is not None and fits_amx_tiles(INT8, pointwise.rows, pointwise.cols, pointwise.channels):
             described = pointwise.describe(call)
             self.report.packed.append(described)
@@ -290,7 +300,7 @@ class _VnniMutator(relax.PyExprMutator):
                 self.builder_, call, pointwise, packed, dtype="int32", name="vnni_matmul", mark=VNNI_BLOCK
             )
         # The lowered convolution's input comes padded with its zero point (its own padding is 0).
-        windowed = windowed_as_gemm(call, weight, INT8) if self.report.amx else None
+        windowed = windowed_as_gemm(call, weight, INT8) if amx else None
         if windowed is not None and not any(windowed.padding):
             described = windowed.describe(call)
             self.report.packed.append(described)
@@ -301,16 +311,37 @@ class _VnniMutator(relax.PyExprMutator):
             return emit_windowed_gemm(
                 self.builder_, call, windowed, packed, dtype="int32", name="vnni_matmul", mark=VNNI_BLOCK
             )
+        # Input channels short of a whole reduction block (an RGB image's 3) get zero channels, in the weight
+        # here and in the input's padding: a zero weight adds nothing to the sums, whatever the input.
+        extra = -int(weight.shape[3]) % self.depth
         why = conv2d_layout_misfit(call) or _block_misfit(
-            weight.shape[0], weight.shape[3], "output channels", "input channels", self.lanes
+            weight.shape[0],
+            weight.shape[3] + extra,
+            "output channels",
+            "input channels",
+            block=self.lanes,
+            pair=self.depth,
         )
         if why:
             return self._declined(call, why)
+        if extra:
+            weight = np.pad(weight, [(0, 0), (0, 0), (0, 0), (0, extra)])
         self.report.packed.append(describe_core(call))
-        packed = relax.const(pack_conv_weight(weight, self.lanes), "int8")
+        packed = self._packed(pack_conv_weight(weight, self.lanes, self.depth))
         return emit_packed_conv2d(
-            self.builder_, call, packed, dtype="int32", name="vnni_conv2d", mark=VNNI_BLOCK
+            self.builder_,
+            call,
+            packed,
+            dtype="int32",
+            name="vnni_conv2d",
+            mark=VNNI_BLOCK,
+            extra_channels=extra,
         )
+
+    def _packed(self, weight: np.ndarray) -> relax.Expr:
+        """The packed ``weight`` as a constant of the dot product's weight type (int16 for ``vpmaddwd``)."""
+        dtype = self.dot.weight_dtype
+        return relax.const(weight.astype(dtype), dtype)
 
     def _emit(self, call: relax.Call, kernel: Any, args: list[relax.Expr], name: str) -> relax.Expr:
         self.report.packed.append(describe_core(call))
@@ -328,9 +359,11 @@ def _constant(expr: relax.Expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, _Constant) else None
 
 
-def _block_misfit(lanes: int, depth: int, lanes_name: str, depth_name: str, block: int) -> str | None:
+def _block_misfit(
+    lanes: int, depth: int, lanes_name: str, depth_name: str, *, block: int, pair: int = VNNI_DEPTH
+) -> str | None:
     if lanes % block:
         return f"{lanes} {lanes_name} (a multiple of {block} is packed)"
-    if depth % VNNI_DEPTH:
-        return f"{depth} {depth_name} (a multiple of {VNNI_DEPTH} is packed)"
+    if depth % pair:
+        return f"{depth} {depth_name} (a multiple of {pair} is packed)"
     return None

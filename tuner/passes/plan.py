@@ -7,9 +7,8 @@ from typing import Any
 
 from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
 from kiln_tvm.x86_amx import INT8
-from kiln_tvm.x86_vnni import VNNI_LANES
 from schedules.amx import fits_amx_tiles, has_amx_bf16, has_amx_int8
-from schedules.vnni import has_avx512_bf16, vnni_lanes
+from schedules.vnni import has_avx512_bf16, integer_dot
 from tuner.entities import FusionSummary, IrLevel, PlanningOptions, TaskInfo
 from tuner.passes.activations import gelu_as_formula
 from tuner.passes.bf16_packing import Bf16AmxReport, pack_for_amx_bf16
@@ -70,8 +69,9 @@ def inference_passes(
     preceding convolution's epilogue; constant folding and common-subexpression elimination shrink the
     graph before fusion.
 
-    With a ``vnni_report`` (CPUs with VNNI; its lanes: 16 or 8), the integer matmuls and NHWC convolutions
-    whose weights fit are then put on kernels over weights packed for ``vpdpbusd`` (:mod:`tuner.passes.int8_packing`).
+    With a ``vnni_report`` (x86 CPUs; its dot product: VNNI's ``vpdpbusd``, else ``vpmaddwd``), the integer
+    matmuls and NHWC convolutions whose weights fit are then put on kernels over weights packed for it
+    (:mod:`tuner.passes.int8_packing`).
     With a ``bf16_report`` (the bf16 policy on CPUs with AMX-BF16 or AVX512-BF16), the bf16 matmuls that
     are whole AMX blocks, or else whose weights pack for ``vdpbf16ps``, go on kernels over weights packed
     for those instructions (:mod:`tuner.passes.bf16_packing`).
@@ -185,8 +185,8 @@ def plan_graph(
     prepack = weight_prepack and cpu
     operators = operator_histogram(mod)
     quant = QuantReport()
-    lanes = vnni_lanes(target) if cpu else None
-    vnni = VnniReport(lanes=lanes, amx=has_amx_int8(target)) if lanes is not None else None
+    dot = integer_dot(target) if cpu else None
+    vnni = VnniReport(dot=dot, amx=has_amx_int8(target)) if dot is not None else None
     reduced = PrecisionReport()
     amx_bf16, dot_bf16 = cpu and has_amx_bf16(target), cpu and has_avx512_bf16(target)
     bf16 = (
@@ -264,7 +264,7 @@ def _integer_kernels(quant: QuantReport, vnni: VnniReport | None, amx: list[str]
         return "plain"
     if amx:
         return "amx"
-    return "vnni" if vnni.lanes == VNNI_LANES else "avx-vnni"
+    return vnni.dot.kind
 
 
 def _is_scheduled(task: Any) -> bool:

@@ -43,3 +43,8 @@ class LimitSettings(BaseModel):
     max_unpacked_mb: int = Field(
         default=4096, ge=1, description="Largest total uncompressed size of a .pt2 archive's members, in MiB"
     )
+    max_calibration_mb: int = Field(
+        default=1024,
+        ge=1,
+        description="Largest calibration file (.npz of a model's inputs) accepted, packed or unpacked, in MiB",
+    )

@@ -24,5 +24,7 @@ class PlanningSettings(BaseModel):
     )
 
     def planning_options(self, precision: str = "as-is") -> PlanningOptions:
-        """These settings as the graph passes take them, for a job under the ``precision`` policy."""
-        return PlanningOptions(self.weight_prepack, self.cpu_conv_layout, self.fast_math, precision)
+        """These settings as the graph passes take them, for a job under the ``precision`` policy (``int8``
+        plans the model as it is: the model arrives quantized, :mod:`tuner.jobs.quantizing`)."""
+        graph_precision = "as-is" if precision == "int8" else precision
+        return PlanningOptions(self.weight_prepack, self.cpu_conv_layout, self.fast_math, graph_precision)

@@ -26,5 +26,10 @@ class StorageSettings(BaseModel):
         return self.data_dir / "models"
 
     @property
+    def calibration_dir(self) -> Path:
+        """Where calibration files are kept, each by its sha256."""
+        return self.data_dir / "calibration"
+
+    @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"

@@ -115,5 +115,28 @@ function accuracyTable(accuracy) {
         h("td", { class: "num" }, o.beyond_one_step === null ? "–" : `${(100 * o.beyond_one_step).toFixed(2)} %`),
         h("td", { class: "num" }, o.relative_error === null || o.relative_error === undefined ? "–" : o.relative_error.toExponential(2)),
         h("td", { class: "num" }, o.cosine.toFixed(6)),
-        ...(accuracy.float_model ? [h("td", { class: "num" }, o.top1_agreement === null ? "–" : `${(100 * o.top1_agreement).toFixed(1)} %`)] : []))))));
+        ...(accuracy.float_model ? [h("td", { class: "num" }, o.top1_agreement === null ? "–" : `${(100 * o.top1_agreement).toFixed(1)} %`)] : []))))),
+    quantizationTable(accuracy.quantization));
+}
+
+// precision int8: how Kiln quantized the float model: the samples, the budget, the metric with every
+// operator in int8 and as compiled, what returned to float32, and each operator's precision.
+function quantizationTable(q) {
+  if (!q) return null;
+  const metric = (m) => [
+    m.top1_changed === null ? null : `top-1 changed on ${(100 * m.top1_changed).toFixed(1)} %`,
+    ...Object.entries(m.relative_error).map(([name, e]) => `${name}: relative error ${e.toExponential(2)}`),
+  ].filter(Boolean).join(", ");
+  const ints = Object.values(q.precision).filter((p) => p === "int8").length;
+  return h("div", { id: "quantization" },
+    h("h3", {}, `Quantized by Kiln: ${ints} of ${Object.keys(q.precision).length} convolutions/matmuls in int8`),
+    h("p", {}, `${q.method} calibration on ${q.samples}. Budget: top-1 changed on at most ${(100 * q.budget.max_top1_changed).toFixed(1)} % of validation rows, relative error at most ${q.budget.max_relative_error} — ${q.within_budget ? "held" : "not held"}.`),
+    q.synthetic ? h("p", { class: "hint", id: "synthetic-calibration" }, "No calibration inputs were given: the ranges and the budget were judged on seeded synthetic inputs, which need not resemble the model's real inputs.") : null,
+    h("table", {},
+      h("tbody", {},
+        h("tr", {}, h("th", {}, "All int8"), h("td", {}, metric(q.before))),
+        h("tr", {}, h("th", {}, "As compiled"), h("td", {}, metric(q.after))),
+        h("tr", {}, h("th", {}, "Returned to float32"), h("td", { id: "returned" }, q.returned.length ? q.returned.join(", ") : "none")))),
+    h("details", {}, h("summary", {}, "Precision of each operator"),
+      h("table", { id: "precision-map" }, h("tbody", {}, Object.entries(q.precision).map(([name, p]) => h("tr", {}, h("td", {}, name), h("td", {}, p)))))));
 }

@@ -92,11 +92,37 @@ function jobForm() {
     h("option", { value: "cpu" }, "cpu: MetaSchedule's rules"),
     h("option", { value: "cpu-poly" }, "cpu-poly: shaped by the polyhedral analysis"),
     h("option", { value: "gpu" }, "gpu (CUDA targets)"));
+  // Short option labels (the select sits in a row of four: a long label overflows the card), and the
+  // chosen policy explained in a line below the row.
   const precision = h("select", { id: "precision" },
-    h("option", { value: "as-is" }, "as-is: the model's"),
-    h("option", { value: "auto" }, "auto: bf16 where this CPU has bf16 instructions and the outputs stay within its tolerance"),
-    h("option", { value: "bf16" }, "bf16 matmuls/convolutions (fp32 accumulation)"),
-    h("option", { value: "fp16" }, "fp16 matmuls/convolutions (fp32 accumulation)"));
+    h("option", { value: "auto", selected: true }, "auto"),
+    h("option", { value: "as-is" }, "as-is"),
+    h("option", { value: "bf16" }, "bf16"),
+    h("option", { value: "fp16" }, "fp16"),
+    h("option", { value: "int8" }, "int8"));
+  const PRECISION_LINES = {
+    "as-is": "as-is: the model's own precision.",
+    auto: "auto: int8 when you give calibration inputs (within the accuracy budget); else bf16 where this CPU multiplies it natively and the outputs stay within its tolerance; else the model's own.",
+    bf16: "bf16: matmuls and convolutions on bf16 operands, fp32 accumulation, checked against the float32 model.",
+    fp16: "fp16: matmuls and convolutions on fp16 operands, fp32 accumulation, checked against the float32 model.",
+    int8: "int8: the float ONNX model quantized (u8 activations, per-channel s8 weights) on your calibration inputs; operators that break the accuracy budget return to float32.",
+  };
+  const precisionLine = h("p", { class: "hint", id: "precision-line" }, PRECISION_LINES.auto);
+  const calibration = h("input", { type: "file", id: "calibration-file", accept: ".npz" });
+  const method = h("select", { id: "calibration-method" },
+    h("option", { value: "minmax" }, "MinMax"), h("option", { value: "percentile" }, "percentile"), h("option", { value: "entropy" }, "entropy"));
+  const maxTop1 = h("input", { type: "number", id: "max-top1-changed", min: 0, max: 100, step: "any", value: 1 });
+  const maxError = h("input", { type: "number", id: "max-relative-error", min: 0, step: "any", value: 0.05 });
+  const int8Fields = h("div", { class: "stack", id: "int8-fields" },
+    h("label", {}, "Calibration inputs for int8 (.npz: one array per model input, named after it, samples stacked along the first axis; auto without them stays float; int8 without them uses seeded synthetic inputs)", calibration),
+    h("div", { class: "row" },
+      h("label", {}, "Calibration", method),
+      h("label", { title: "Share of validation rows of a [batch, classes] output whose top-1 class may change" }, "Top-1 changed at most (%)", maxTop1),
+      h("label", { title: "Norm-wise relative error allowed on every other output" }, "Relative error at most", maxError)));
+  precision.addEventListener("change", () => {
+    precisionLine.textContent = PRECISION_LINES[precision.value];
+    int8Fields.hidden = !["int8", "auto"].includes(precision.value);
+  });
   const jobError = h("div", {});
   const preview = h("div", { id: "task-preview" });
   const start = h("button", { type: "submit", class: "primary", id: "start-job", disabled: true }, "Start tuning");
@@ -141,13 +167,22 @@ function jobForm() {
     if (perTask.value) body.max_trials_per_task = Number(perTask.value);
     if (Number(workers.value) > 1) body.workers = Number(workers.value);
     if (space.value) body.space = space.value;
-    if (precision.value !== "as-is") body.precision = precision.value;
+    body.precision = precision.value;
     if (runner.value.startsWith("rpc:")) {
       const [, tracker, key] = runner.value.split("|");
       body.runner = { kind: "rpc", tracker, key };
     }
     start.disabled = true;
     try {
+      if (["int8", "auto"].includes(precision.value)) {
+        body.calibration_method = method.value;
+        body.accuracy_budget = { max_top1_changed: Number(maxTop1.value || 1) / 100, max_relative_error: Number(maxError.value || 0.05) };
+        if (calibration.files.length) {
+          const file = new FormData();
+          file.append("file", calibration.files[0]);
+          body.calibration_id = (await api("calibrations", { method: "POST", form: file })).id;
+        }
+      }
       const job = await api("jobs", { method: "POST", json: body });
       location.hash = `#/jobs/${job.id}`;
     } catch (err) {
@@ -165,12 +200,13 @@ function jobForm() {
       h("label", {}, "Seed", seed),
       h("label", { title: "Split the job's tasks over this many workers: idle workers tune a group each" }, "Workers", workers)),
     h("div", { class: "row" }, h("label", {}, "Runner", runner), h("label", {}, "Cost model", costModel), h("label", {}, "Schedule space", space), h("label", {}, "Precision", precision)),
+    precisionLine,
+    int8Fields,
     h("div", { class: "actions" }, start),
     jobError);
 
   api("devices").then((d) => {
-    // On a CPU that multiplies bf16 natively, auto is what OpenVINO's users get without asking.
-    if ((d.host_bf16 || []).length) precision.value = "auto";
+
     for (const dev of d.devices) runner.append(h("option", { value: `rpc:|${d.tracker}|${dev.key}` }, `RPC: ${dev.key} (${dev.free} free, ${dev.pending} pending)`));
   }).catch(() => {});
 

@@ -1,0 +1,88 @@
+"""Accuracy control: a float model quantized by onnxruntime's quantizer and held to a budget on validation
+samples, the operators that hurt it most returned to float one at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.model_builders import build_bottleneck, build_small_cnn
+from tuner.entities import AccuracyBudget, TensorSpec
+from tuner.jobs.quantizing import _evaluator
+from tuner.quantization.accuracy_control import compare_outputs, control_accuracy
+from tuner.quantization.calibration import synthetic_calibration
+from tuner.quantization.onnx_quantizer import StaticQuantizer
+
+
+def _quantized_weights(path: Path) -> set[str]:
+    """The nodes of a QDQ model whose weight (second input) comes from a DequantizeLinear."""
+    model = onnx.load(str(path))
+    dequantized = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    return {
+        n.name
+        for n in model.graph.node
+        if n.op_type in ("Conv", "Gemm", "MatMul") and n.input[1] in dequantized
+    }
+
+
+def test_a_classifier_within_budget_is_all_int8(tmp_path: Path) -> None:
+    calibration = synthetic_calibration((TensorSpec("x", (4, 3, 32, 32), "float32"),), samples=16)
+    quantizer = StaticQuantizer(build_small_cnn(batch=4), calibration.calibration, "minmax", tmp_path)
+    path, report = control_accuracy(quantizer, calibration, AccuracyBudget(), _evaluator(calibration), ["y"])
+    assert report.within_budget and report.returned == ()
+    assert report.precision == {"conv1": "int8", "conv2": "int8", "conv3": "int8", "fc": "int8"}
+    assert _quantized_weights(path) == {"conv1", "conv2", "conv3", "fc"}
+    # The [batch, classes] output is judged by top-1, over the validation rows (8 samples x 4 rows).
+    assert report.after.top1_changed is not None and report.after.top1_changed <= 0.01
+    assert 0 < report.after.relative_error["y"] < 0.05
+
+
+@pytest.mark.parametrize("method", ["minmax", "percentile", "entropy"])
+def test_a_broken_budget_returns_the_worst_operators_to_float_until_it_holds(
+    method: str, tmp_path: Path
+) -> None:
+    calibration = synthetic_calibration((TensorSpec("x", (1, 64, 16, 16), "float32"),), samples=16)
+    quantizer = StaticQuantizer(build_bottleneck(), calibration.calibration, method, tmp_path)
+    evaluate = _evaluator(calibration)
+    floats = evaluate(quantizer.float_path)
+    error = lambda path: compare_outputs(evaluate(path), floats, ["y"]).relative_error["y"]  # noqa: E731
+    everything = error(quantizer.quantize())
+    alone = {n.name: error(quantizer.quantize([n.name])) for n in quantizer.nodes}
+    worst = min(alone, key=alone.__getitem__)  # the one whose return to float helps most
+    budget = AccuracyBudget(max_relative_error=(everything + alone[worst]) / 2)
+    assert alone[worst] < budget.max_relative_error < everything
+
+    path, report = control_accuracy(quantizer, calibration, budget, evaluate, ["y"])
+    assert report.method == method and report.synthetic
+    assert report.before.relative_error["y"] == pytest.approx(everything)
+    assert report.within_budget and report.after.relative_error["y"] <= budget.max_relative_error
+    assert len(report.returned) == 1 and report.returned[0].startswith(f"{worst} (Conv ")
+    assert report.precision[worst] == "float32"
+    assert [n for n, p in report.precision.items() if p == "int8"] == [
+        n.name for n in quantizer.nodes if n.name != worst
+    ]
+    assert _quantized_weights(path) == {n.name for n in quantizer.nodes} - {worst}
+
+    # A budget nothing in int8 holds: every operator returns, and the float model is what remains.
+    path, report = control_accuracy(
+        quantizer, calibration, AccuracyBudget(max_relative_error=1e-9), evaluate, ["y"]
+    )
+    assert set(report.precision.values()) == {"float32"} and len(report.returned) == 3
+    assert report.within_budget and report.after.relative_error["y"] == 0.0
+    assert _quantized_weights(path) == set()
+
+
+def test_unnamed_nodes_are_named_for_the_quantizer(tmp_path: Path) -> None:
+    model = build_small_cnn(batch=1)
+    for node in model.graph.node:
+        node.name = ""
+    calibration = synthetic_calibration((TensorSpec("x", (1, 3, 32, 32), "float32"),), samples=4)
+    quantizer = StaticQuantizer(model, calibration.calibration, "minmax", tmp_path)
+    names = [n.name for n in quantizer.nodes]
+    assert len(names) == 4 and len(set(names)) == 4 and all(names)
+    assert _quantized_weights(quantizer.quantize([names[0]])) == set(names[1:])
+    out = _evaluator(calibration)(quantizer.quantize())
+    assert np.isfinite(out[0][0]).all()

@@ -1,0 +1,74 @@
+"""The int8 policy's first stage (and auto's, given calibration inputs): a float ONNX model quantized
+within the job's accuracy budget, on the user's calibration samples (or, for int8 asked by name, seeded
+synthetic ones), before the model is imported and planned."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tuner.entities import JobSpec, ModelInfo, QuantizationReport
+from tuner.passes.plan import GraphPlan
+from tuner.quantization.accuracy_control import control_accuracy
+from tuner.quantization.calibration import CalibrationSet
+from tuner.quantization.calibration_files import check_int8_model, job_calibration, job_inputs
+from tuner.quantization.onnx_quantizer import StaticQuantizer
+from tuner.settings import Settings
+
+
+def quantizes(spec: JobSpec) -> bool:
+    """Whether a job quantizes its float model: precision int8, or auto with calibration inputs."""
+    return spec.precision == "int8" or (spec.precision == "auto" and spec.calibration_id is not None)
+
+
+def with_int8_choice(plan: GraphPlan, policy: str, report: QuantizationReport) -> GraphPlan:
+    """``plan`` of a quantized model, its fusion summary saying the policy and what it chose."""
+    ints = sum(1 for p in report.precision.values() if p == "int8")
+    held = "within" if report.within_budget else "NOT within"
+    choice = (
+        f"{policy}: int8 from {report.samples} ({report.method} calibration): {ints} of "
+        f"{len(report.precision)} convolutions/matmuls in int8, {len(report.returned)} returned to float32, "
+        f"{held} the accuracy budget"
+    )
+    fusion = dataclasses.replace(plan.fusion, precision="int8", precision_choice=choice)
+    return dataclasses.replace(plan, fusion=fusion)
+
+
+def quantize_model(
+    settings: Settings,
+    spec: JobSpec,
+    model: ModelInfo,
+    float_path: Path,
+    *,
+    shapes: dict[str, tuple[int, ...]],
+    workdir: Path,
+) -> tuple[Path, QuantizationReport]:
+    """``float_path`` quantized to int8 within ``spec``'s accuracy budget: the QDQ model's path (in
+    ``workdir``) and the report."""
+    check_int8_model(model)
+    calibration = job_calibration(settings, spec.calibration_id, job_inputs(model, shapes))
+    quantizer = StaticQuantizer(
+        onnx.load(str(float_path)), calibration.calibration, spec.calibration_method, workdir
+    )
+    names = [t.name for t in model.signature.outputs]
+    return control_accuracy(quantizer, calibration, spec.accuracy_budget, _evaluator(calibration), names)
+
+
+def _evaluator(calibration: CalibrationSet) -> Callable[[Path], list[list[np.ndarray]]]:
+    """Runs an ONNX model as ONNX defines it (onnxruntime, graph optimizations off) on the validation
+    samples."""
+    import onnxruntime  # the worker's dependency; imported when a job quantizes, as verification does
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+
+    def evaluate(path: Path) -> list[list[np.ndarray]]:
+        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return [[np.asarray(o) for o in session.run(None, sample)] for sample in calibration.validation]
+
+    return evaluate

@@ -1,0 +1,126 @@
+"""Accuracy control: the quantized model held to the user's budget on held-back validation samples, the
+operators that hurt it most returned to float one at a time until it holds.
+
+The metric compares the quantized model with the float model on the validation samples:
+
+* for a classifier-like output (``[batch, classes]``), the share of the validation rows whose top-1 class
+  changes (default budget: 1 %, NNCF's ``max_drop`` of 0.01 and Intel Neural Compressor's default);
+* for any other output, its norm-wise relative error ``||q - f|| / ||f||`` over all validation samples
+  (default budget: 0.05).
+
+The quantized model is run as ONNX defines it (onnxruntime with its graph optimizations off: dequantize,
+the float operator, quantize), which Kiln's integer kernels compute to within one rounding step
+(:mod:`tuner.timing.accuracy`), so that the model judged is the model Kiln compiles.
+
+When the fully quantized model breaks the budget, each quantized convolution or matmul is ranked by how
+much the outputs' error shrinks when it alone stays in float (a continuous measure, where the top-1
+share moves in steps of one sample); then they return to float in that order, one at a time, until the
+budget holds (as NNCF's ``quantize_with_accuracy_control`` does, by the metric).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tuner.entities import AccuracyBudget, QuantizationMetric, QuantizationReport
+from tuner.quantization.calibration import CalibrationSet
+from tuner.quantization.onnx_quantizer import StaticQuantizer
+
+#: Runs an ONNX model on the validation samples: per sample, its outputs.
+Evaluator = Callable[[Path], list[list[np.ndarray]]]
+
+
+def is_classifier_output(value: np.ndarray) -> bool:
+    """Whether an output reads as class scores: ``[batch, classes]`` with at least two classes."""
+    return value.ndim == 2 and value.shape[-1] >= 2
+
+
+def compare_outputs(
+    quantized: list[list[np.ndarray]], floats: list[list[np.ndarray]], names: Sequence[str]
+) -> QuantizationMetric:
+    """The metric of ``quantized`` against ``floats`` (per sample, the outputs ``names``)."""
+    top1: list[float] = []
+    errors: dict[str, float] = {}
+    for index, name in enumerate(names):
+        q = [run[index].astype(np.float64) for run in quantized]
+        f = [run[index].astype(np.float64) for run in floats]
+        if is_classifier_output(f[0]):
+            changed = np.concatenate([a.argmax(-1) != b.argmax(-1) for a, b in zip(q, f, strict=True)])
+            top1.append(float(changed.mean()))
+        qa, fa = np.concatenate([a.ravel() for a in q]), np.concatenate([b.ravel() for b in f])
+        norm = float(np.linalg.norm(fa))
+        errors[name] = float(np.linalg.norm(qa - fa) / norm) if norm else float(np.any(qa != fa))
+    return QuantizationMetric(top1_changed=max(top1) if top1 else None, relative_error=errors)
+
+
+def within(metric: QuantizationMetric, budget: AccuracyBudget, classifier: Sequence[bool]) -> bool:
+    """Whether ``metric`` holds ``budget``: the top-1 share on classifier outputs, the relative error on
+    the others (``classifier`` says which, in output order)."""
+    if metric.top1_changed is not None and metric.top1_changed > budget.max_top1_changed:
+        return False
+    errors = list(metric.relative_error.values())
+    return all(c or e <= budget.max_relative_error for c, e in zip(classifier, errors, strict=True))
+
+
+def control_accuracy(
+    quantizer: StaticQuantizer,
+    calibration: CalibrationSet,
+    budget: AccuracyBudget,
+    evaluate: Evaluator,
+    output_names: Sequence[str],
+) -> tuple[Path, QuantizationReport]:
+    """The QDQ model that holds ``budget`` (``evaluate`` runs a model on the validation samples; the float
+    model first), with its report: the metric with every operator in int8 and at the end, what returned
+    to float and why, and each operator's precision."""
+    floats = evaluate(quantizer.float_path)
+    classifier = [is_classifier_output(out) for out in floats[0]] if floats else []
+
+    def measure(path: Path) -> QuantizationMetric:
+        return compare_outputs(evaluate(path), floats, output_names)
+
+    first = quantizer.quantize()
+    before = measure(first)
+    path, after, returned = first, before, []
+    if not within(before, budget, classifier):
+        order = _sensitivity(quantizer, before, measure)
+        for node in order:
+            returned.append(node)
+            path = quantizer.quantize(returned)
+            after = measure(path)
+            if within(after, budget, classifier):
+                break
+    kept = set(returned)
+    report = QuantizationReport(
+        method=quantizer.method,
+        samples=calibration.describe(),
+        synthetic=calibration.synthetic,
+        budget=budget,
+        before=before,
+        after=after,
+        within_budget=within(after, budget, classifier),
+        returned=tuple(n.describe() for n in quantizer.nodes if n.name in kept),
+        precision={n.name: ("float32" if n.name in kept else "int8") for n in quantizer.nodes},
+    )
+    return path, report
+
+
+def _sensitivity(
+    quantizer: StaticQuantizer, before: QuantizationMetric, measure: Callable[[Path], QuantizationMetric]
+) -> list[str]:
+    """The quantized nodes, the one whose return to float shrinks the outputs' summed relative error most
+    first."""
+    total = sum(before.relative_error.values())
+    gains = {}
+    for node in quantizer.nodes:
+        alone = measure(quantizer.quantize([node.name]))
+        gains[node.name] = total - sum(alone.relative_error.values())
+    return sorted(gains, key=lambda name: -gains[name])
+
+
+def replace_budget(budget: AccuracyBudget, **changes: float | None) -> AccuracyBudget:
+    """``budget`` with the given fields changed (None keeps a field)."""
+    return dataclasses.replace(budget, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,167 @@
+"""Static int8 quantization of a float ONNX model by onnxruntime's quantizer, in the QDQ form Kiln's integer
+lowering consumes (:mod:`tuner.passes.qdq_lowering`).
+
+Activations are u8 with per-tensor scales calibrated on the user's samples (MinMax, percentile or
+entropy: onnxruntime's calibrators), weights s8 per output channel, the format onnxruntime recommends for
+x86. The activations' ranges are computed once and kept in a cache file, so that the accuracy control
+(:mod:`tuner.quantization.accuracy_control`) quantizes the model again with some operators left in float
+without calibrating again. Only the convolutions and matmuls over a constant weight (and the operators
+between them that carry quantized values: activations, pooling, reshapes) are quantized; a matmul of two
+activations (attention) stays in float, as Kiln's lowering would keep it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tuner.entities.job import CALIBRATION_METHODS as METHODS
+from tuner.errors import InvalidSpec
+
+#: The calibration methods a job may ask for, by the name onnxruntime's ``CalibrationMethod`` gives them.
+CALIBRATION_METHODS = dict(zip(METHODS, ("MinMax", "Percentile", "Entropy"), strict=True))
+#: The operators whose weights are quantized (the cores Kiln computes in integers).
+CORE_OPS = ("Conv", "MatMul", "Gemm")
+#: The operators quantized along with them, so that quantized values flow between the cores.
+CARRIER_OPS = ("Relu", "Clip", "MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def check_calibration_method(method: str) -> None:
+    """:class:`~tuner.errors.InvalidSpec` for a calibration method Kiln does not have."""
+    if method not in CALIBRATION_METHODS:
+        raise InvalidSpec(
+            f"unknown calibration method {method!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
+        )
+
+
+@dataclass(frozen=True)
+class QuantizableNode:
+    """A convolution or matmul over a constant weight: its node name (given one where the model had none)
+    and how a report names it."""
+
+    name: str
+    op_type: str
+    weight_shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.op_type} {'x'.join(map(str, self.weight_shape))})"
+
+
+def named_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose every node has a unique name: onnxruntime's quantizer selects nodes by
+    name, and exporters leave some unnamed."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    seen: set[str] = set()
+    for index, node in enumerate(copy.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{index}"
+        seen.add(node.name)
+    return copy
+
+
+def quantizable_nodes(model: onnx.ModelProto) -> list[QuantizableNode]:
+    """The named ``model``'s convolutions and matmuls whose second operand is a constant weight."""
+    weights = {init.name: tuple(init.dims) for init in model.graph.initializer}
+    constants = {
+        node.output[0]: tuple(attr.t.dims)
+        for node in model.graph.node
+        if node.op_type == "Constant"
+        for attr in node.attribute
+        if attr.name == "value"
+    }
+    found = []
+    for node in model.graph.node:
+        if node.op_type in CORE_OPS and len(node.input) >= 2:
+            shape = weights.get(node.input[1], constants.get(node.input[1]))
+            if shape is not None:
+                found.append(QuantizableNode(node.name, node.op_type, shape))
+    return found
+
+
+class _Samples:
+    """onnxruntime's ``CalibrationDataReader`` over a list of samples (made lazily: onnxruntime is imported
+    only when a model is quantized)."""
+
+    def __new__(cls, samples: Sequence[dict[str, np.ndarray]]) -> object:
+        from onnxruntime.quantization import CalibrationDataReader
+
+        class Reader(CalibrationDataReader):
+            def __init__(self) -> None:
+                self.items = iter(samples)
+
+            def get_next(self) -> dict[str, np.ndarray] | None:
+                return next(self.items, None)
+
+        return Reader()
+
+
+class StaticQuantizer:
+    """Quantizes one float model, with the activations' ranges calibrated once on ``samples`` by
+    ``method`` and kept in ``workdir``."""
+
+    def __init__(
+        self, model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]], method: str, workdir: Path
+    ) -> None:
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        check_calibration_method(method)
+        self.samples, self.method, self.workdir = list(samples), method, workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        named = workdir / "named.onnx"
+        onnx.save(named_model(model), named)
+        # onnxruntime's pre-processing: batch norms folded into the convolutions before them, shapes
+        # inferred; the float model every quantized one is compared with.
+        self.float_path = workdir / "float.onnx"
+        with _quiet():
+            quant_pre_process(str(named), str(self.float_path), skip_symbolic_shape=True)
+        self.model = onnx.load(str(self.float_path))
+        self.nodes = quantizable_nodes(self.model)
+        self.ranges = workdir / "ranges.json"
+        self._count = 0
+
+    def quantize(self, keep_float: Sequence[str] = ()) -> Path:
+        """The QDQ model with every quantizable node but those named in ``keep_float`` in int8 (a new
+        file in the work directory)."""
+        from onnxruntime import quantization as q
+
+        quantized = [n.name for n in self.nodes if n.name not in set(keep_float)]
+        if not quantized:
+            return self.float_path
+        self._count += 1
+        out = self.workdir / f"int8_{self._count}.onnx"
+        carriers = [n.name for n in self.model.graph.node if n.op_type in CARRIER_OPS]
+        with _quiet():
+            q.quantize_static(
+                str(self.float_path),
+                str(out),
+                _Samples(self.samples) if not self.ranges.exists() else None,
+                quant_format=q.QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=q.QuantType.QUInt8,
+                weight_type=q.QuantType.QInt8,
+                op_types_to_quantize=[*CORE_OPS, *CARRIER_OPS],
+                nodes_to_quantize=[*quantized, *carriers],
+                nodes_to_exclude=list(keep_float) or None,
+                calibrate_method=getattr(q.CalibrationMethod, CALIBRATION_METHODS[self.method]),
+                calibration_cache_path=self.ranges,
+            )
+        return out
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """onnxruntime's quantizer warns through the root logger ("consider pre-processing") on every call."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
