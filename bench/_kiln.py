@@ -22,6 +22,7 @@ from tuner.jobs.recorder import TuningClock
 from tuner.jobs.submission import submit_job
 from tuner.metaschedule.database import KilnDatabase
 from tuner.model_registry import register_model
+from tuner.quantization.calibration_files import save_calibration
 from tuner.settings import Settings
 from tuner.store.sql import Store
 from tuner.targets import resolve_target, to_tvm_target
@@ -104,13 +105,16 @@ def tune(
     seed: int = 0,
     time_s: float | None = None,
     precision: str = "as-is",
+    calibration: Path | None = None,
 ) -> KilnRun:
     """Tune ``onnx_path`` for this CPU with Kiln (a fresh store under ``data_dir``) for ``trials``, ``time_s``
-    seconds or both, under the ``precision`` policy; build the untuned twin."""
+    seconds or both, under the ``precision`` policy (with ``calibration``, an .npz of inputs, as the
+    user's calibration file); build the untuned twin."""
     settings = Settings(data_dir=data_dir)
     store = Store.from_settings(settings)
     store.ensure_schema()
     info, _ = register_model(store, settings, onnx_path, name=label)
+    calibration_id = save_calibration(settings, calibration.read_bytes()).id if calibration else None
     spec = JobSpec(
         model_id=info.id,
         target=resolve_target("host"),
@@ -118,6 +122,7 @@ def tune(
         seed=seed,
         time_budget_s=time_s,
         precision=precision,
+        calibration_id=calibration_id,
     )
     job = submit_job(store, spec)
     clock = _StageClock(label)

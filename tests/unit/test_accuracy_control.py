@@ -86,3 +86,33 @@ def test_unnamed_nodes_are_named_for_the_quantizer(tmp_path: Path) -> None:
     assert _quantized_weights(quantizer.quantize([names[0]])) == set(names[1:])
     out = _evaluator(calibration)(quantizer.quantize())
     assert np.isfinite(out[0][0]).all()
+
+
+def test_class_scores_of_any_rank_are_judged_by_top1_per_row(tmp_path: Path) -> None:
+    """A softmax over the last axis makes an output class scores whatever its rank (a text recognizer's
+    [batch, steps, characters]): judged by the share of rows whose top-1 changed, not by relative error."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((16, 12)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["logits"], name="project"),
+            helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1),
+        ],
+        "steps",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 12])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    calibration = synthetic_calibration((TensorSpec("x", (1, 6, 16), "float32"),), samples=8)
+    quantizer = StaticQuantizer(model, calibration.calibration, "minmax", tmp_path)
+    assert quantizer.class_scores == {"y"}
+    # A relative error budget nothing meets does not apply to class scores: the top-1 budget does.
+    budget = AccuracyBudget(max_top1_changed=1.0, max_relative_error=1e-12)
+    _, report = control_accuracy(quantizer, calibration, budget, _evaluator(calibration), ["y"])
+    assert report.within_budget and report.returned == () and report.before.top1_changed is not None
+    assert report.before.relative_error["y"] > 1e-12
+    # Rows are the 6 steps of each of the 4 validation samples: the share moves in 1/24ths.
+    assert round(report.before.top1_changed * 24, 6) == int(round(report.before.top1_changed * 24))

@@ -3,8 +3,10 @@ operators that hurt it most returned to float one at a time until it holds.
 
 The metric compares the quantized model with the float model on the validation samples:
 
-* for a classifier-like output (``[batch, classes]``), the share of the validation rows whose top-1 class
-  changes (default budget: 1 %, NNCF's ``max_drop`` of 0.01 and Intel Neural Compressor's default);
+* for a classifier-like output (``[batch, classes]``, or class scores of any rank that a softmax over the
+  last axis produces: a text recognizer's ``[batch, steps, characters]``), the share of the validation
+  rows (every index but the last axis) whose top-1 class changes (default budget: 1 %, NNCF's
+  ``max_drop`` of 0.01 and Intel Neural Compressor's default);
 * for any other output, its norm-wise relative error ``||q - f|| / ||f||`` over all validation samples
   (default budget: 0.05).
 
@@ -40,16 +42,23 @@ def is_classifier_output(value: np.ndarray) -> bool:
 
 
 def compare_outputs(
-    quantized: list[list[np.ndarray]], floats: list[list[np.ndarray]], names: Sequence[str]
+    quantized: list[list[np.ndarray]],
+    floats: list[list[np.ndarray]],
+    names: Sequence[str],
+    classifier: Sequence[bool] | None = None,
 ) -> QuantizationMetric:
-    """The metric of ``quantized`` against ``floats`` (per sample, the outputs ``names``)."""
+    """The metric of ``quantized`` against ``floats`` (per sample, the outputs ``names``); ``classifier``
+    says which outputs are class scores (default: the ``[batch, classes]`` ones)."""
     top1: list[float] = []
     errors: dict[str, float] = {}
     for index, name in enumerate(names):
         q = [run[index].astype(np.float64) for run in quantized]
         f = [run[index].astype(np.float64) for run in floats]
-        if is_classifier_output(f[0]):
-            changed = np.concatenate([a.argmax(-1) != b.argmax(-1) for a, b in zip(q, f, strict=True)])
+        scores = classifier[index] if classifier is not None else is_classifier_output(f[0])
+        if scores:
+            changed = np.concatenate(
+                [(a.argmax(-1) != b.argmax(-1)).ravel() for a, b in zip(q, f, strict=True)]
+            )
             top1.append(float(changed.mean()))
         qa, fa = np.concatenate([a.ravel() for a in q]), np.concatenate([b.ravel() for b in f])
         norm = float(np.linalg.norm(fa))
@@ -77,10 +86,13 @@ def control_accuracy(
     model first), with its report: the metric with every operator in int8 and at the end, what returned
     to float and why, and each operator's precision."""
     floats = evaluate(quantizer.float_path)
-    classifier = [is_classifier_output(out) for out in floats[0]] if floats else []
+    classifier = [
+        is_classifier_output(out) or name in quantizer.class_scores
+        for name, out in zip(output_names, floats[0] if floats else [], strict=False)
+    ]
 
     def measure(path: Path) -> QuantizationMetric:
-        return compare_outputs(evaluate(path), floats, output_names)
+        return compare_outputs(evaluate(path), floats, output_names, classifier)
 
     first = quantizer.quantize()
     before = measure(first)

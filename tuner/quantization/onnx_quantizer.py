@@ -66,6 +66,27 @@ def named_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def softmax_outputs(model: onnx.ModelProto) -> set[str]:
+    """The graph outputs a Softmax or LogSoftmax over the last axis produces: class scores, whatever their
+    rank (a text recognizer's ``[batch, steps, characters]``)."""
+    found = set()
+    outputs = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        if node.op_type in ("Softmax", "LogSoftmax") and node.output[0] in outputs:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+            rank = _output_rank(model, node.output[0])
+            if axis == -1 or (rank is not None and axis == rank - 1):
+                found.add(node.output[0])
+    return found
+
+
+def _output_rank(model: onnx.ModelProto, name: str) -> int | None:
+    for output in model.graph.output:
+        if output.name == name and output.type.tensor_type.HasField("shape"):
+            return len(output.type.tensor_type.shape.dim)
+    return None
+
+
 def quantizable_nodes(model: onnx.ModelProto) -> list[QuantizableNode]:
     """The named ``model``'s convolutions and matmuls whose second operand is a constant weight."""
     weights = {init.name: tuple(init.dims) for init in model.graph.initializer}
@@ -123,6 +144,7 @@ class StaticQuantizer:
             quant_pre_process(str(named), str(self.float_path), skip_symbolic_shape=True)
         self.model = onnx.load(str(self.float_path))
         self.nodes = quantizable_nodes(self.model)
+        self.class_scores = softmax_outputs(self.model)
         self.ranges = workdir / "ranges.json"
         self._count = 0
 
