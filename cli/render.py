@@ -216,8 +216,8 @@ def fusion_line(fusion: FusionSummary) -> str:
         "vnni": "VNNI (vpdpbusd",
         "amx": "VNNI (vpdpbusd",
         "avx-vnni": "VNNI (vpdpbusd ymm, AVX-VNNI",
-        "avx512": "vpmaddwd zmm (int16 products, no VNNI",
-        "avx2": "vpmaddwd ymm (int16 products, no VNNI",
+        "avx512": "vpmaddubsw/vpmaddwd zmm (no VNNI",
+        "avx2": "vpmaddubsw/vpmaddwd ymm (no VNNI",
     }
     if fusion.integer_kernels in forms:
         line += (
@@ -226,6 +226,12 @@ def fusion_line(fusion: FusionSummary) -> str:
         )
         if fusion.integer_kernels == "amx":
             line += f", of which on AMX tiles (tdpbusd): {len(fusion.amx_matmuls)} matmuls"
+        if fusion.integer_kernels in ("avx2", "avx512"):
+            seven = len(fusion.seven_bit_packed)
+            line += (
+                f", of which {seven} over 7-bit weights on vpmaddubsw, {len(fusion.vnni_packed) - seven} on "
+                "exact int16 products (vpmaddwd)"
+            )
         line += "".join(f"\n  plain integer kernel: {why}" for why in fusion.vnni_unpacked)
     elif fusion.integer_kernels == "plain":
         line += "\n  integer kernels: plain tiled loops (this CPU has no vector integer dot product)"
@@ -365,7 +371,7 @@ def print_quantization(q: QuantizationReport) -> None:
     budget = q.budget
     held = "held" if q.within_budget else "NOT held (every operator returned to float32 and still beyond it)"
     console.print(
-        f"int8 quantization ({q.method} calibration on {q.samples}): budget top-1 changed <= "
+        f"int8 quantization ({q.weight_bits}-bit weights, {q.method} calibration on {q.samples}): budget top-1 changed <= "
         f"{budget.max_top1_changed:.1%}, relative error <= {budget.max_relative_error:.3g}: {held}",
         highlight=False,
     )

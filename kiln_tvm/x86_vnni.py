@@ -15,7 +15,11 @@ CPUs without VNNI get :data:`AVX2_WORD_DOT` (and AVX-512 ones :data:`AVX512_WORD
 int16 operands, 8 (16) output lanes of 2 products each, the u8 input pair widened to int16 and the weights
 packed as int16 at compile time. ``vpmaddubsw``, the u8 x s8 instruction of these CPUs, adds its two products
 in a *saturating* int16 (255 x 127 x 2 overflows it), so it is exact only on 7-bit weights; int16 products are
-exact on any 8-bit weights, at 1.6x the fp32 FMA rate on a Zen 3 (vpmaddubsw + vpmaddwd: 1.9x).
+exact on any 8-bit weights, at 1.6x the fp32 FMA rate on a Zen 3. Where a weight's values all lie within
+[-64, 64] (7-bit weights, as Kiln's quantizer makes them for these CPUs), ``vpmaddubsw`` cannot saturate
+(255 x 64 x 2 = 32640): those kernels get :data:`AVX2_BYTE_DOT` (:data:`AVX512_BYTE_DOT`), u8 x s8 pairs
+summed to int16 by ``vpmaddubsw`` and pairs of those to int32 by ``vpmaddwd`` against ones, VNNI's
+packing and 1.9x the fp32 FMA rate there.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ AVXVNNI_LANES = 8
 #: AVX2, 16 on AVX-512 (AVX512-BW).
 AVX2_WORD_INTRINSIC = "kiln_dot_8x2_avx2"
 AVX512_WORD_INTRINSIC = "kiln_dot_16x2_avx512bw"
+#: ``vpmaddubsw`` then ``vpmaddwd`` by ones over 7-bit weights: 8 lanes of 4 products (16 with AVX512-BW).
+AVX2_BYTE_INTRINSIC = "kiln_dot_8x4_avx2_7bit"
+AVX512_BYTE_INTRINSIC = "kiln_dot_16x4_avx512bw_7bit"
+#: The largest weight magnitude the vpmaddubsw products are exact for: 255 x 64 x 2 fits an int16.
+SEVEN_BIT_WEIGHT = 64
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,8 @@ class IntegerDot:
     weight_dtype: str  # "int8", or "int16" for the vpmaddwd products
     instruction: str  # in words, e.g. "vpdpbusd zmm"
     llvm_intrinsic: str  # the LLVM intrinsic its implementation calls (in a tensorized kernel's TIR)
+    #: The largest weight magnitude it is exact for (None: any 8-bit weight).
+    max_weight: int | None = None
 
 
 _VPDPBUSD, _VPMADDWD = (
@@ -85,7 +96,28 @@ AVX512_WORD_DOT = IntegerDot(
 AVX2_WORD_DOT = IntegerDot(
     "avx2", AVX2_WORD_INTRINSIC, 8, 2, "int16", "vpmaddwd ymm on int16 products, AVX2", _VPMADDWD[8]
 )
-INTEGER_DOTS = (VNNI_DOT, AVXVNNI_DOT, AVX512_WORD_DOT, AVX2_WORD_DOT)
+_VPMADDUBSW = {8: "llvm.x86.avx2.pmadd.ub.sw", 16: "llvm.x86.avx512.pmaddubs.w.512"}
+AVX512_BYTE_DOT = IntegerDot(
+    "avx512-7bit",
+    AVX512_BYTE_INTRINSIC,
+    16,
+    VNNI_DEPTH,
+    "int8",
+    "vpmaddubsw + vpmaddwd zmm on 7-bit weights, AVX512-BW",
+    _VPMADDUBSW[16],
+    SEVEN_BIT_WEIGHT,
+)
+AVX2_BYTE_DOT = IntegerDot(
+    "avx2-7bit",
+    AVX2_BYTE_INTRINSIC,
+    8,
+    VNNI_DEPTH,
+    "int8",
+    "vpmaddubsw + vpmaddwd ymm on 7-bit weights, AVX2",
+    _VPMADDUBSW[8],
+    SEVEN_BIT_WEIGHT,
+)
+INTEGER_DOTS = (VNNI_DOT, AVXVNNI_DOT, AVX512_WORD_DOT, AVX2_WORD_DOT, AVX512_BYTE_DOT, AVX2_BYTE_DOT)
 
 
 def _dot_desc(lanes: int) -> Any:
@@ -184,12 +216,45 @@ def _vpmaddwd_impl(lanes: int) -> Any:
     return impl
 
 
+def _pmaddubsw_impl(lanes: int) -> Any:
+    """The input's 4 bytes (broadcast) by ``lanes`` x 4 weight bytes: ``vpmaddubsw`` sums each pair of
+    u8 x s8 products into an int16 (exact for weights within +-64), ``vpmaddwd`` against ones sums pairs of
+    those into int32, added to the ``lanes`` accumulators."""
+    accumulators, words, products = f"int32x{lanes}", f"int16x{2 * lanes}", f"x{4 * lanes}"
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            a_word = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(_VPMADDUBSW[lanes]),
+                T.reinterpret(T.broadcast(a_word, lanes), dtype="uint8" + products),
+                B.vload([0, 0], dtype="int8" + products),
+                dtype=words,
+            )
+            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=accumulators) + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(_VPMADDWD[lanes]),
+                pairs,
+                T.broadcast(T.int16(1), 2 * lanes),
+                dtype=accumulators,
+            )
+
+    return impl
+
+
 _registered = False
 
 
 def register_vnni_intrinsic() -> None:
-    """Register :data:`VNNI_INTRINSIC`, :data:`AVXVNNI_INTRINSIC` and the ``vpmaddwd`` ones
-    (:data:`AVX2_WORD_INTRINSIC`, :data:`AVX512_WORD_INTRINSIC`), once per process."""
+    """Register :data:`VNNI_INTRINSIC`, :data:`AVXVNNI_INTRINSIC`, the ``vpmaddwd`` ones
+    (:data:`AVX2_WORD_INTRINSIC`, :data:`AVX512_WORD_INTRINSIC`) and the 7-bit ``vpmaddubsw`` ones
+    (:data:`AVX2_BYTE_INTRINSIC`, :data:`AVX512_BYTE_INTRINSIC`), once per process."""
     global _registered
     if _registered:
         return
@@ -197,4 +262,6 @@ def register_vnni_intrinsic() -> None:
         TensorIntrin.register(name, _dot_desc(lanes), _vpdpbusd_impl(lanes), override=True)
     for name, lanes in ((AVX2_WORD_INTRINSIC, 8), (AVX512_WORD_INTRINSIC, 16)):
         TensorIntrin.register(name, _word_desc(lanes), _vpmaddwd_impl(lanes), override=True)
+    for name, lanes in ((AVX2_BYTE_INTRINSIC, 8), (AVX512_BYTE_INTRINSIC, 16)):
+        TensorIntrin.register(name, _dot_desc(lanes), _pmaddubsw_impl(lanes), override=True)
     _registered = True

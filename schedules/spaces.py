@@ -22,6 +22,7 @@ from schedules.vnni import (
     has_avx512_bf16,
     has_integer_dot,
     integer_dot,
+    seven_bit_dot,
     vnni_tiling,
 )
 
@@ -92,8 +93,9 @@ def check_space(name: str, target_kind: str) -> None:
 def _cpu_rules(target: Target) -> list[Any]:
     # The integer kernels packed for the CPU's dot product (VNNI's, else vpmaddwd's) are tensorized first
     # (schedules.vnni); on AMX CPUs, the packed matmuls AMX serves go on tiles before that (schedules.amx).
-    dot = integer_dot(target)
-    vnni = [vnni_tiling(dot)] if dot is not None else []
+    # CPUs without VNNI have a second product for the kernels over 7-bit weights (vpmaddubsw).
+    dots = [d for d in (integer_dot(target), seven_bit_dot(target)) if d is not None]
+    vnni = [vnni_tiling(dot) for dot in dots]
     # The bf16 policy's packed matmuls that AMX does not take, on vdpbf16ps (schedules.vnni).
     dpbf16 = [dpbf16_tiling()] if has_avx512_bf16(target) else []
     kinds = tuple(kind.name for kind in amx_kinds(target))

@@ -16,7 +16,9 @@ from typing import Any
 from kiln_tvm import Target, derived_object, ms, register_cpu_tensor_intrinsics, s_tir, tvm
 from kiln_tvm.x86_bf16 import DPBF16_INTRINSIC
 from kiln_tvm.x86_vnni import (
+    AVX2_BYTE_DOT,
     AVX2_WORD_DOT,
+    AVX512_BYTE_DOT,
     AVX512_WORD_DOT,
     AVXVNNI_DOT,
     AVXVNNI_LANES,
@@ -29,8 +31,10 @@ from kiln_tvm.x86_vnni import (
 VNNI_BLOCK = "kiln.vnni_packed"
 #: Block annotation of a bf16 matmul whose weight is packed for AMX's ``tdpbf16ps`` (``[N/16, K/2, 16, 2]``).
 BF16_BLOCK = "kiln.amx_bf16_packed"
+#: Block annotation of an integer kernel over 7-bit weights packed for ``vpmaddubsw`` (CPUs without VNNI).
+SEVEN_BIT_BLOCK = "kiln.vnni_packed_7bit"
 #: The marks of kernels over packed weights (whose layout MetaSchedule must not rewrite).
-PACKED_BLOCKS = (VNNI_BLOCK, BF16_BLOCK)
+PACKED_BLOCKS = (VNNI_BLOCK, BF16_BLOCK, SEVEN_BIT_BLOCK)
 
 
 def vnni_lanes(target: Target) -> int | None:
@@ -62,6 +66,17 @@ def integer_dot(target: Target) -> IntegerDot | None:
     if "avx2" in features:
         return AVX2_WORD_DOT
     return None
+
+
+def seven_bit_dot(target: Target) -> IntegerDot | None:
+    """Where ``target``'s integer kernels use ``vpmaddwd`` on int16 products (no VNNI), the faster
+    ``vpmaddubsw`` product the kernels over 7-bit weights get instead; None elsewhere."""
+    return {AVX2_WORD_DOT: AVX2_BYTE_DOT, AVX512_WORD_DOT: AVX512_BYTE_DOT}.get(integer_dot(target))
+
+
+def packed_mark(dot: IntegerDot) -> str:
+    """The block annotation of the kernels packed for ``dot`` (each mark is tensorized with one intrinsic)."""
+    return SEVEN_BIT_BLOCK if dot.max_weight is not None else VNNI_BLOCK
 
 
 def has_avx512_bf16(target: Target) -> bool:
@@ -154,8 +169,9 @@ class PackedTiling(ms.schedule_rule.PyScheduleRule):
 
 
 def vnni_tiling(dot: IntegerDot = VNNI_DOT) -> PackedTiling:
-    """The tiling of :data:`VNNI_BLOCK` kernels around the integer dot product ``dot``'s intrinsic."""
-    return PackedTiling(dot.intrinsic, VNNI_BLOCK)
+    """The tiling of the kernels packed for the integer dot product ``dot`` (:func:`packed_mark`) around its
+    intrinsic."""
+    return PackedTiling(dot.intrinsic, packed_mark(dot))
 
 
 def dpbf16_tiling() -> PackedTiling:

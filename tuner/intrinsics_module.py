@@ -18,7 +18,14 @@ from pathlib import Path
 import kiln_tvm
 from kiln_tvm.x86_amx import AMX_NAME_PREFIX
 from kiln_tvm.x86_bf16 import DPBF16_INTRINSIC
-from kiln_tvm.x86_vnni import AVX2_WORD_INTRINSIC, AVX512_WORD_INTRINSIC, AVXVNNI_INTRINSIC, VNNI_INTRINSIC
+from kiln_tvm.x86_vnni import (
+    AVX2_BYTE_INTRINSIC,
+    AVX2_WORD_INTRINSIC,
+    AVX512_BYTE_INTRINSIC,
+    AVX512_WORD_INTRINSIC,
+    AVXVNNI_INTRINSIC,
+    VNNI_INTRINSIC,
+)
 
 PACKAGE = "kiln_intrinsics"
 #: Kiln's intrinsic names, as they appear (quoted) in a trace.
@@ -29,7 +36,14 @@ _MODULES = (
     (
         "x86_vnni",
         "register_vnni_intrinsic",
-        (VNNI_INTRINSIC, AVXVNNI_INTRINSIC, AVX2_WORD_INTRINSIC, AVX512_WORD_INTRINSIC),
+        (
+            VNNI_INTRINSIC,
+            AVXVNNI_INTRINSIC,
+            AVX2_WORD_INTRINSIC,
+            AVX512_WORD_INTRINSIC,
+            AVX2_BYTE_INTRINSIC,
+            AVX512_BYTE_INTRINSIC,
+        ),
     ),
     ("x86_bf16", "register_dpbf16_intrinsic", (DPBF16_INTRINSIC,)),
     ("x86_amx", "register_amx_intrinsics", (AMX_NAME_PREFIX,)),

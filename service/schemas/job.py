@@ -231,6 +231,9 @@ class QuantizationOut(EntityOut):
     within_budget: bool
     returned: list[str] = Field(description="Operators returned to float32 to hold the budget, worst first")
     precision: dict[str, str] = Field(description="Each quantizable operator's precision: int8 or float32")
+    weight_bits: int = Field(
+        default=8, description="The weights' bits: 8, or 7 on CPUs without VNNI (vpmaddubsw is exact on them)"
+    )
 
     @classmethod
     def of(cls, report: QuantizationReport) -> QuantizationOut:

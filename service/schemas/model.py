@@ -87,7 +87,15 @@ class FusionOut(EntityOut):
         "CPUs without VNNI: zmm with AVX512-BW, ymm with AVX2), 'plain' (tiled integer loops: no vector integer "
         "dot product), '' without any",
     )
-    vnni_packed: list[str] = Field(default_factory=list, description="Integer operators on VNNI kernels")
+    vnni_packed: list[str] = Field(
+        default_factory=list,
+        description="Integer operators on packed kernels (VNNI's, or vpmaddubsw/vpmaddwd)",
+    )
+    seven_bit_packed: list[str] = Field(
+        default_factory=list,
+        description="Of vnni_packed on a CPU without VNNI, those over 7-bit weights (within +-64) on vpmaddubsw; "
+        "the others on exact int16 products (vpmaddwd)",
+    )
     amx_matmuls: list[str] = Field(
         default_factory=list, description="Of the packed operators, the matmuls tuned on AMX tiles (tdpbusd)"
     )

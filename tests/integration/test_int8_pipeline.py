@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from schedules.amx import has_amx_int8
-from schedules.vnni import integer_dot
+from schedules.vnni import integer_dot, seven_bit_dot
 from service.schemas import JobOut
 from tests.artifacts import onnxruntime_output, read_records_in_fresh_process, run_artifact_in_fresh_process
 from tests.cost_model_catch_up import catch_up_in_fresh_process
@@ -325,9 +325,13 @@ def test_a_float_model_with_calibration_inputs_becomes_an_int8_artifact(
     dot = integer_dot(to_tvm_target(host_target()))
     convs = [t for t in result.tasks if "conv2d" in t.name]
     assert len(convs) == 3
+    # Without VNNI, Kiln quantized the weights to 7 bits, so that every kernel takes vpmaddubsw (exact on them).
+    seven = seven_bit_dot(to_tvm_target(host_target()))
+    assert q.weight_bits == (7 if seven is not None else 8)
     if dot is not None:
         assert [p.split(" ")[0] for p in result.fusion.vnni_packed] == ["conv2d"] * 3
-        instruction = dot.instruction.split(" ")[0]  # vpdpbusd, vpmaddwd
+        assert result.fusion.seven_bit_packed == (result.fusion.vnni_packed if seven is not None else [])
+        instruction = (seven or dot).instruction.split(" ")[0]  # vpdpbusd, vpmaddubsw
         for conv in convs:
             assembly = sqlite_store.get_task_assembly(conv.id).text
             assert instruction in assembly, (conv.name, instruction)

@@ -33,8 +33,8 @@ LIMITS = MachineLimits(
 
 #: CPU classes these machines have been, and what each computes int8 and bf16 with.
 CLASSES = {
-    "zen3 (AVX2)": ({"avx", "avx2", "fma"}, "vpmaddwd ymm (int16 products)", None),
-    "skylake-avx512": ({"avx2", "avx512f", "avx512bw"}, "vpmaddwd zmm (int16 products)", None),
+    "zen3 (AVX2)": ({"avx", "avx2", "fma"}, "vpmaddubsw + vpmaddwd ymm", None),
+    "skylake-avx512": ({"avx2", "avx512f", "avx512bw"}, "vpmaddubsw + vpmaddwd zmm", None),
     "alder lake (AVX-VNNI)": ({"avx2", "avxvnni"}, "vpdpbusd ymm", None),
     "zen 4": ({"avx2", "avx512f", "avx512bw", "avx512vnni", "avx512bf16"}, "vpdpbusd zmm", "vdpbf16ps zmm"),
     "sse only": ({"sse4.2"}, None, None),
@@ -47,12 +47,11 @@ def test_each_cpu_class_gets_its_widest_dot_product(cpu: str) -> None:
     found = dot_products(features)
     assert (found["int8"].instruction if "int8" in found else None) == int8
     assert (found["bf16"].instruction if "bf16" in found else None) == bf16
-    # Operations per step of one accumulator: four u8 x s8 products per 32-bit lane (vpdpbusd), two int16
-    # ones (vpmaddwd), two bf16 ones.
+    # Operations per step of one accumulator: four u8 x s8 products per 32-bit lane, two bf16 ones.
+    lanes = {"ymm": 8, "zmm": 16}
     for dot in found.values():
-        lanes = 16 if "zmm" in dot.instruction else 8
-        per_lane = 4 if "vpdpbusd" in dot.instruction else 2
-        assert dot.ops_per_step == 2 * per_lane * lanes
+        per_lane = 4 if dot.precision == "int8" else 2
+        assert dot.ops_per_step == 2 * per_lane * lanes[dot.instruction[-3:]]
 
 
 def _run(dot_name: str, features: set[str], iterations: int) -> np.ndarray:
@@ -66,15 +65,16 @@ def _run(dot_name: str, features: set[str], iterations: int) -> np.ndarray:
     return out.numpy().view(np.int32).reshape(-1)
 
 
-@pytest.mark.skipif("avx2" not in HOST_FEATURES, reason="this CPU has no AVX2 to run vpmaddwd ymm")
+@pytest.mark.skipif("avx2" not in HOST_FEATURES, reason="this CPU has no AVX2 to run vpmaddubsw ymm")
 def test_the_avx2_kernel_computes_its_chains() -> None:
-    """Each step: the ones bytes as int16 words (0x0101) times the accumulator's own int16 words, pairs
-    summed into s32 (vpmaddwd), added to the accumulator; every thread stores its chains' sum."""
+    """Each step: u8 ones times the accumulator's own bytes as s8, paired into s16 (vpmaddubsw), pairs
+    summed into s32 by ones (vpmaddwd), added to the accumulator; every thread stores its chains' sum."""
     for iterations in (1, 3):
         acc = np.full(8, 0x02020202, dtype=np.int32)  # the seed: b's bytes
         for _ in range(iterations):
-            words = acc.view(np.int16).astype(np.int64) * 0x0101
-            acc = (acc.astype(np.int64) + words[0::2] + words[1::2]).astype(np.int32)
+            signed = acc.view(np.int8).astype(np.int32)
+            pairs = np.clip(signed[0::2] + signed[1::2], -32768, 32767)
+            acc = (acc + pairs[0::2] + pairs[1::2]).astype(np.int32)
         got = _run("int8", {"avx2"}, iterations)
         np.testing.assert_array_equal(got, np.tile((acc.astype(np.int64) * DOT_CHAINS).astype(np.int32), 2))
 
@@ -91,8 +91,8 @@ def test_the_vnni_kernel_computes_its_chains() -> None:
 @pytest.mark.parametrize(
     ("mcpu", "precision", "instructions"),
     [
-        ("haswell", "int8", {"vpmaddwd"}),
-        ("skylake-avx512", "int8", {"vpmaddwd"}),
+        ("haswell", "int8", {"vpmaddubsw", "vpmaddwd"}),
+        ("skylake-avx512", "int8", {"vpmaddubsw", "vpmaddwd"}),
         ("cascadelake", "int8", {"vpdpbusd"}),
         ("alderlake", "int8", {"vpdpbusd"}),
         ("cooperlake", "bf16", {"vdpbf16ps"}),

@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 
 from kiln_tvm import relax, tvm
-from kiln_tvm.x86_vnni import AVX2_WORD_DOT, AVX512_WORD_DOT, AVXVNNI_DOT, VNNI_DOT
-from schedules.vnni import VNNI_BLOCK, integer_dot, vnni_lanes
+from kiln_tvm.x86_vnni import (
+    AVX2_BYTE_DOT,
+    AVX2_WORD_DOT,
+    AVX512_BYTE_DOT,
+    AVX512_WORD_DOT,
+    AVXVNNI_DOT,
+    VNNI_DOT,
+)
+from schedules.vnni import SEVEN_BIT_BLOCK, VNNI_BLOCK, integer_dot, seven_bit_dot, vnni_lanes
 from tests.schedule_candidates import sampled_candidates
 from tuner.passes.int8_packing import (
     VnniReport,
@@ -128,11 +135,13 @@ def test_the_pass_packs_what_fits_and_says_why_not_for_the_rest() -> None:
     assert marked == ["vnni_conv2d"]
 
 
-def _lowered_kernel(mod: tvm.IRModule) -> tvm.IRModule:
-    """The packed kernel of the pass' output, alone, as its tuning task sees it."""
+def _lowered_kernel(mod: tvm.IRModule, mark: str = VNNI_BLOCK) -> tvm.IRModule:
+    """The packed kernel of the pass' output (its block marked ``mark``), alone, as its tuning task sees it."""
     lowered = relax.get_pipeline("zero")(mod)
     (func,) = [
-        f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and VNNI_BLOCK in f.script()
+        f
+        for f in lowered.functions.values()
+        if isinstance(f, tvm.tirx.PrimFunc) and f'"{mark}"' in f.script()
     ]
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
@@ -303,3 +312,52 @@ def test_cpus_without_vnni_compute_exact_int16_products_on_vpmaddwd(kind: str, d
             np.testing.assert_array_equal(out.numpy(), expected, f"candidate {attempt}")
     if not runs:
         pytest.skip(f"the {dot.instruction} candidates built, but this CPU cannot run them")
+
+
+@pytest.mark.parametrize(
+    "dots", [(AVX2_WORD_DOT, AVX2_BYTE_DOT), (AVX512_WORD_DOT, AVX512_BYTE_DOT)], ids=["avx2", "avx512"]
+)
+def test_seven_bit_weights_go_on_vpmaddubsw_and_stay_exact(dots: tuple) -> None:
+    """Without VNNI, a weight whose values all lie within +-64 gets vpmaddubsw (u8 x s8 pairs summed in an
+    int16 that cannot saturate: 255 x 64 x 2 = 32640), exact at the extremes; one value beyond keeps the
+    weight on int16 products."""
+    word, byte = dots
+    target = AVX2_TARGET if word is AVX2_WORD_DOT else AVX512_TARGET
+    assert seven_bit_dot(target) == byte and integer_dot(target) == word
+    runs = ("avx512bw" in HOST_FEATURES) if word is AVX512_WORD_DOT else ("avx2" in HOST_FEATURES)
+    rng = _rng()
+    lanes = byte.lanes
+    data = rng.integers(0, 256, (4, 64), dtype=np.uint8)
+    data[0] = 255
+    seven = rng.integers(-64, 65, (64, 2 * lanes), dtype=np.int8)
+    seven[:, 0], seven[:, 1] = 64, -64  # the extremes, against inputs of 255
+    eight = seven.copy()
+    eight[3, 5] = 65
+
+    def graph(weight: np.ndarray) -> tvm.IRModule:
+        bb = relax.BlockBuilder()
+        var = relax.Var("x", relax.TensorType(data.shape, "uint8"))
+        with bb.function("main", [var]):
+            bb.emit_func_output(bb.emit(relax.op.matmul(var, relax.const(weight, "int8"), out_dtype="int32")))
+        return bb.get()
+
+    report = VnniReport(dot=word, seven_bit=byte)
+    wide = pack_for_vnni(report)(graph(eight))
+    assert report.packed == [f"matmul 4x64 @ 64x{2 * lanes}"] and report.seven_bit_packed == []
+    assert SEVEN_BIT_BLOCK not in _lowered_kernel(wide).script()
+    report = VnniReport(dot=word, seven_bit=byte)
+    kernel = _lowered_kernel(pack_for_vnni(report)(graph(seven)), SEVEN_BIT_BLOCK)
+    assert report.seven_bit_packed == report.packed and len(report.packed) == 1
+    packed = pack_matmul_weight(seven, lanes=lanes)
+    expected = data.astype(np.int32) @ seven.astype(np.int32)
+    for attempt, candidate in enumerate(sampled_candidates(kernel, target, 3)):
+        assert byte.intrinsic in str(candidate.trace), f"candidate {attempt}"
+        lib = tvm.compile(candidate.mod, target=target)
+        asm = lib.mod.inspect_source("asm")
+        assert "vpmaddubsw" in asm and "vpmaddwd" in asm, f"candidate {attempt}"
+        if runs:
+            out = tvm.runtime.tensor(np.zeros(expected.shape, np.int32))
+            lib(tvm.runtime.tensor(data), tvm.runtime.tensor(packed), out)
+            np.testing.assert_array_equal(out.numpy(), expected, f"candidate {attempt}")
+    if not runs:
+        pytest.skip(f"the {byte.instruction} candidates built, but this CPU cannot run them")

@@ -67,6 +67,8 @@ class FusionSummary:
     #: loops: no vector integer dot product); "" without integer kernels.
     integer_kernels: str = ""
     vnni_packed: list[str] = field(default_factory=list)  # "conv2d 1x56x56x64 * 64x3x3x64"
+    #: Of vnni_packed on a CPU without VNNI, those over 7-bit weights, on vpmaddubsw (not int16 vpmaddwd).
+    seven_bit_packed: list[str] = field(default_factory=list)
     amx_matmuls: list[str] = field(default_factory=list)  # of vnni_packed, those tuned on AMX tiles
     vnni_unpacked: list[str] = field(default_factory=list)  # "conv2d 1x224x224x3 * ...: why"
     #: The job's precision policy (tuner.passes.precision), the operators it put on low-precision operands, and

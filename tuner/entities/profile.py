@@ -21,7 +21,7 @@ class KernelAssembly:
 
 #: The figures :func:`tuner.timing.roofline.measure_limits` takes now (see :attr:`MachineLimits.version`):
 #: limits kept with an older version are measured again.
-LIMITS_VERSION = 3  # 3: the int8 peak without VNNI is vpmaddwd's (int16 products)
+LIMITS_VERSION = 2
 
 
 @dataclass(frozen=True)

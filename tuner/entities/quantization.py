@@ -63,6 +63,8 @@ class QuantizationReport:
     within_budget: bool
     returned: tuple[str, ...]  # "Conv_3 (Conv 64x64x3x3)": returned to float32, worst first
     precision: dict[str, str]  # node name -> "int8" | "float32"
+    #: The weights' bits: 8, or 7 on CPUs without VNNI (vpmaddubsw is exact on them there).
+    weight_bits: int = 8
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +77,7 @@ class QuantizationReport:
             "within_budget": self.within_budget,
             "returned": list(self.returned),
             "precision": dict(self.precision),
+            "weight_bits": self.weight_bits,
         }
 
     @classmethod
@@ -89,4 +92,5 @@ class QuantizationReport:
             within_budget=bool(data["within_budget"]),
             returned=tuple(data.get("returned", ())),
             precision=dict(data.get("precision", {})),
+            weight_bits=int(data.get("weight_bits", 8)),
         )

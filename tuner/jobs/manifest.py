@@ -54,6 +54,7 @@ def job_manifest(
             "kept_float": [dataclasses.asdict(k) for k in plan.fusion.kept_float],
             "integer_kernels": plan.fusion.integer_kernels,
             "vnni_packed": plan.fusion.vnni_packed,
+            "seven_bit_packed": plan.fusion.seven_bit_packed,
             "amx_matmuls": plan.fusion.amx_matmuls,
             "vnni_unpacked": plan.fusion.vnni_unpacked,
             "accuracy": accuracy.to_dict() if accuracy is not None and accuracy.tolerance is None else None,

@@ -17,9 +17,11 @@ the 256-bit ``vpdpbusd ymm`` instead of 16):
 The NHWC input gives the 4 consecutive channels and the NHWC output the 16 consecutive channels the
 instruction reads and writes. On CPUs without VNNI the pass packs for ``vpmaddwd`` instead
 (:data:`kiln_tvm.x86_vnni.AVX2_WORD_DOT`): 8 channels (16 with AVX-512) by 2 reduction elements, the weights
-widened to int16 here, the u8 input pair widened in the kernel; the products are exact. Each kernel's block is marked :data:`schedules.vnni.VNNI_BLOCK`, the only
-blocks the cpu spaces tensorize. The others (a first convolution over 3 channels, a grouped one) keep
-their integer kernels and plain tiling. The kernels take their pair and accumulation type from the caller:
+widened to int16 here, the u8 input pair widened in the kernel; the products are exact. A weight whose
+values all lie within +-64 (7 bits) gets the faster ``vpmaddubsw`` product there instead (VNNI's packing,
+:data:`kiln_tvm.x86_vnni.AVX2_BYTE_DOT`), exact on such weights. Each kernel's block is marked
+(:func:`schedules.vnni.packed_mark`); only marked blocks are tensorized by the cpu spaces. The others (a
+grouped convolution, 10 output classes) keep their integer kernels and plain tiling. The kernels take their pair and accumulation type from the caller:
 the bf16 pass (:mod:`tuner.passes.bf16_packing`) emits its ``vdpbf16ps`` matmuls and convolutions with them.
 """
 
@@ -34,7 +36,7 @@ from kiln_tvm import relax, tvm
 from kiln_tvm.x86_amx import INT8
 from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_DOT, VNNI_LANES, IntegerDot
 from schedules.amx import fits_amx_tiles
-from schedules.vnni import VNNI_BLOCK, has_packed_block
+from schedules.vnni import VNNI_BLOCK, has_packed_block, packed_mark
 from tuner.passes.marked_kernels import conv2d_layout_misfit, emit_marked_kernel
 from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
@@ -54,6 +56,10 @@ class VnniReport:
     matmul_extents: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     #: The CPU's integer dot product the kernels are packed for (:func:`schedules.vnni.integer_dot`).
     dot: IntegerDot = VNNI_DOT
+    #: On CPUs without VNNI, the faster product of kernels whose weights are all within +-64 (7-bit:
+    #: ``vpmaddubsw``, :func:`schedules.vnni.seven_bit_dot`), and the operators packed for it.
+    seven_bit: IntegerDot | None = None
+    seven_bit_packed: list[str] = field(default_factory=list)
     #: Whether the CPU has AMX-INT8: a pointwise convolution of whole AMX blocks then goes on the matmul
     #: kernel (:func:`pointwise_as_matmul`), which :mod:`schedules.amx` tiles onto ``tdpbusd``.
     amx: bool = False
@@ -274,19 +280,31 @@ class _VnniMutator(relax.PyExprMutator):
         self.report.unpacked.append(f"{describe_core(call)}: {why}")
         return call
 
+    def _dot_for(self, weight: np.ndarray) -> IntegerDot:
+        """The dot product a kernel over ``weight`` gets: the 7-bit one (``vpmaddubsw``) where the CPU has
+        it and every weight lies within its range, exact there; else the CPU's own."""
+        narrow = self.report.seven_bit
+        if narrow is None or narrow.max_weight is None or not weight.size:
+            return self.dot
+        return narrow if int(np.abs(weight.astype(np.int32)).max()) <= narrow.max_weight else self.dot
+
     def _matmul(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
         if weight.ndim != 2:
             return self._declined(call, "its weight is not a 2-D constant")
+        dot = self._dot_for(weight)
         why = _block_misfit(
-            weight.shape[1], weight.shape[0], "output columns", "inputs", block=self.lanes, pair=self.depth
+            weight.shape[1], weight.shape[0], "output columns", "inputs", block=dot.lanes, pair=dot.depth
         )
         if why:
             return self._declined(call, why)
-        packed = self._packed(pack_matmul_weight(weight, pair=self.depth, lanes=self.lanes))
+        packed = _packed(pack_matmul_weight(weight, pair=dot.depth, lanes=dot.lanes), dot)
         x_shape = [int(d) for d in call.args[0].ty.shape]
         rows = x_shape[-2] if len(x_shape) > 1 else 1
         self.report.matmul_extents[describe_core(call)] = (rows, int(weight.shape[1]), int(weight.shape[0]))
-        return self._emit(call, matmul_kernel, [call.args[0], packed], "vnni_matmul")
+        self._packed_for(call, dot)
+        return emit_marked_kernel(
+            self.builder_, matmul_kernel, [call.args[0], packed], "vnni_matmul", packed_mark(dot)
+        )
 
     def _conv2d(self, call: relax.Call, weight: np.ndarray) -> relax.Expr:
         amx = self.report.amx and self.dot.depth == VNNI_DEPTH  # AMX-INT8 CPUs have VNNI
@@ -313,39 +331,41 @@ class _VnniMutator(relax.PyExprMutator):
             )
         # Input channels short of a whole reduction block (an RGB image's 3) get zero channels, in the weight
         # here and in the input's padding: a zero weight adds nothing to the sums, whatever the input.
-        extra = -int(weight.shape[3]) % self.depth
+        dot = self._dot_for(weight)
+        extra = -int(weight.shape[3]) % dot.depth
         why = conv2d_layout_misfit(call) or _block_misfit(
             weight.shape[0],
             weight.shape[3] + extra,
             "output channels",
             "input channels",
-            block=self.lanes,
-            pair=self.depth,
+            block=dot.lanes,
+            pair=dot.depth,
         )
         if why:
             return self._declined(call, why)
         if extra:
             weight = np.pad(weight, [(0, 0), (0, 0), (0, 0), (0, extra)])
-        self.report.packed.append(describe_core(call))
-        packed = self._packed(pack_conv_weight(weight, self.lanes, self.depth))
+        self._packed_for(call, dot)
+        packed = _packed(pack_conv_weight(weight, dot.lanes, dot.depth), dot)
         return emit_packed_conv2d(
             self.builder_,
             call,
             packed,
             dtype="int32",
             name="vnni_conv2d",
-            mark=VNNI_BLOCK,
+            mark=packed_mark(dot),
             extra_channels=extra,
         )
 
-    def _packed(self, weight: np.ndarray) -> relax.Expr:
-        """The packed ``weight`` as a constant of the dot product's weight type (int16 for ``vpmaddwd``)."""
-        dtype = self.dot.weight_dtype
-        return relax.const(weight.astype(dtype), dtype)
-
-    def _emit(self, call: relax.Call, kernel: Any, args: list[relax.Expr], name: str) -> relax.Expr:
+    def _packed_for(self, call: relax.Call, dot: IntegerDot) -> None:
         self.report.packed.append(describe_core(call))
-        return emit_marked_kernel(self.builder_, kernel, args, name, VNNI_BLOCK)
+        if dot is not self.dot:
+            self.report.seven_bit_packed.append(describe_core(call))
+
+
+def _packed(weight: np.ndarray, dot: IntegerDot) -> relax.Expr:
+    """The packed ``weight`` as a constant of ``dot``'s weight type (int16 for ``vpmaddwd``)."""
+    return relax.const(weight.astype(dot.weight_dtype), dot.weight_dtype)
 
 
 def _is_integer_core(call: relax.Call) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 from kiln_tvm import Target, estimate_flops, ms, relax, structural_hash, tvm
 from kiln_tvm.x86_amx import INT8
 from schedules.amx import fits_amx_tiles, has_amx_bf16, has_amx_int8
-from schedules.vnni import has_avx512_bf16, integer_dot
+from schedules.vnni import has_avx512_bf16, integer_dot, seven_bit_dot
 from tuner.entities import FusionSummary, IrLevel, PlanningOptions, TaskInfo
 from tuner.passes.activations import gelu_as_formula
 from tuner.passes.bf16_packing import Bf16AmxReport, pack_for_amx_bf16
@@ -186,7 +186,11 @@ def plan_graph(
     operators = operator_histogram(mod)
     quant = QuantReport()
     dot = integer_dot(target) if cpu else None
-    vnni = VnniReport(dot=dot, amx=has_amx_int8(target)) if dot is not None else None
+    vnni = (
+        VnniReport(dot=dot, seven_bit=seven_bit_dot(target), amx=has_amx_int8(target))
+        if dot is not None
+        else None
+    )
     reduced = PrecisionReport()
     amx_bf16, dot_bf16 = cpu and has_amx_bf16(target), cpu and has_avx512_bf16(target)
     bf16 = (
@@ -232,6 +236,7 @@ def plan_graph(
         kept_float=quant.kept_float,
         integer_kernels=_integer_kernels(quant, vnni, amx),
         vnni_packed=vnni.packed if vnni is not None else [],
+        seven_bit_packed=vnni.seven_bit_packed if vnni is not None else [],
         amx_matmuls=amx,
         vnni_unpacked=vnni.unpacked if vnni is not None else [],
         precision=precision,

@@ -116,6 +116,7 @@ def control_accuracy(
         within_budget=within(after, budget, classifier),
         returned=tuple(n.describe() for n in quantizer.nodes if n.name in kept),
         precision={n.name: ("float32" if n.name in kept else "int8") for n in quantizer.nodes},
+        weight_bits=quantizer.weight_bits,
     )
     return path, report
 

@@ -175,13 +175,15 @@ export function precisionNote(fusion) {
 }
 
 function integerKernelsNote(fusion) {
-  if (fusion.integer_kernels === "plain") return h("p", {}, "Integer kernels: plain tiled loops (this CPU has no VNNI).");
-  if (!["vnni", "avx-vnni", "amx"].includes(fusion.integer_kernels)) return null;
-  const form = fusion.integer_kernels === "avx-vnni" ? "vpdpbusd ymm, AVX-VNNI" : "vpdpbusd";
+  if (fusion.integer_kernels === "plain") return h("p", {}, "Integer kernels: plain tiled loops (this CPU has no vector integer dot product).");
+  const forms = { vnni: "VNNI (vpdpbusd", amx: "VNNI (vpdpbusd", "avx-vnni": "VNNI (vpdpbusd ymm, AVX-VNNI", avx2: "vpmaddubsw/vpmaddwd ymm (no VNNI", avx512: "vpmaddubsw/vpmaddwd zmm (no VNNI" };
+  if (!forms[fusion.integer_kernels]) return null;
   const packed = fusion.vnni_packed || [], unpacked = fusion.vnni_unpacked || [], amx = fusion.amx_matmuls || [];
+  const seven = (fusion.seven_bit_packed || []).length;
   return h("div", {},
-    h("p", {}, `On VNNI (${form}, weights packed at compile time): ${packed.length} of ${(fusion.integer_ops || []).length}`
+    h("p", {}, `On ${forms[fusion.integer_kernels]}, weights packed at compile time): ${packed.length} of ${(fusion.integer_ops || []).length}`
       + (fusion.integer_kernels === "amx" ? `, of which ${amx.length} matmuls on AMX tiles (tdpbusd)` : "")
+      + (["avx2", "avx512"].includes(fusion.integer_kernels) ? `, of which ${seven} over 7-bit weights on vpmaddubsw, ${packed.length - seven} on exact int16 products (vpmaddwd)` : "")
       + (unpacked.length ? "; on plain integer kernels:" : "")),
     unpacked.length ? h("ul", {}, unpacked.map((why) => h("li", {}, why))) : null);
 }
