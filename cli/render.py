@@ -347,7 +347,11 @@ def print_accuracy(report: AccuracyReport | None) -> None:
     largest difference), share beyond one step, norm-wise relative error, cosine."""
     if report is None:
         return
-    allowed = f" (relative error allowed: {report.tolerance:.3g})" if report.tolerance is not None else ""
+    allowed = (
+        f" (relative error allowed: {report.tolerance:.3g})"
+        if report.tolerance is not None
+        else f" (steps allowed: {report.allowed_steps:g}, one per quantized layer in a chain)"
+    )
     console.print(
         f"accuracy against {report.reference} over {report.inputs} seeded inputs{allowed}:", highlight=False
     )

@@ -262,6 +262,10 @@ class AccuracyOut(EntityOut):
         default=None,
         description="precision int8: how Kiln quantized the float model, and the accuracy control",
     )
+    allowed_steps: float = Field(
+        default=1.0,
+        description="Quantized outputs: the steps allowed from the reference, one per quantized layer",
+    )
 
     @classmethod
     def of(cls, report: AccuracyReport) -> AccuracyOut:

@@ -305,6 +305,35 @@ def test_submit_queues_a_job_for_the_workers_and_cancel_cancels_it(tmp_path: Pat
     )
     assert second.spec.seed == 4 and len(store.list_models()) == 1
     assert kiln("cancel", second_id, data_dir=tmp_path).returncode == 0
+    # Calibration inputs for the int8 policy (the default, auto, becomes int8 with them): checked against the
+    # model's inputs, kept, named by the job; still without TVM. A file of another input is refused.
+    import numpy as np
+
+    inputs, wrong = tmp_path / "inputs.npz", tmp_path / "wrong.npz"
+    np.savez(inputs, x=np.zeros((4, 256), np.float32))
+    np.savez(wrong, image=np.zeros((4, 256), np.float32))
+    quantized = kiln(
+        "submit",
+        str(MLP),
+        "--trials",
+        "0",
+        "--calibration",
+        str(inputs),
+        "--max-top1-changed",
+        "0.02",
+        data_dir=tmp_path,
+        light=True,
+    )
+    assert quantized.returncode == 0, quantized.stdout + quantized.stderr
+    job = store.get_job(quantized.stdout.split("queued job ", 1)[1].split()[0])
+    assert job.spec.precision == "auto" and job.spec.calibration_id is not None
+    assert job.spec.accuracy_budget.max_top1_changed == 0.02
+    assert kiln("cancel", job.id, data_dir=tmp_path).returncode == 0
+    refused = kiln("submit", str(MLP), "--calibration", str(wrong), data_dir=tmp_path, light=True)
+    assert refused.returncode == 2 and "invalid_calibration" in refused.stderr, refused.stderr
+    assert "['image'] are not inputs of the model" in " ".join(refused.stderr.split())
+    budget = kiln("submit", str(MLP), "--max-top1-changed", "2", data_dir=tmp_path, light=True)
+    assert budget.returncode == 2 and "max_top1_changed" in budget.stderr
     # A target this machine has not checked loads TVM to check it, and a bad one is refused as before.
     bad = kiln(
         "submit", str(MLP), "--trials", "8", "--target", '{"kind": "llvm", "mcpu": "nope"}', data_dir=tmp_path

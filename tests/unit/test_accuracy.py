@@ -38,6 +38,23 @@ def test_more_than_one_step_fails_verification_naming_the_output() -> None:
         require_accuracy(report)
 
 
+def test_a_chain_of_quantized_layers_may_carry_a_step_from_each() -> None:
+    """A tie rounded the other way in one layer is carried through the layers after it: a chain of L
+    quantized layers may be L steps off at its output, not more (a wrong kernel is off by hundreds)."""
+    expected = [[np.zeros(4, np.float32)]]
+    actual = [[np.array([0.0, 0.3, 0.2, 0.0], np.float32)]]
+    report = accuracy_report(actual, expected, ["y"], [0.1], reference="onnxruntime", chained_layers=3)
+    assert report.allowed_steps == 3.0 and report.outputs[0].max_steps == pytest.approx(3.0)
+    require_accuracy(report)
+    assert AccuracyReport.from_dict(report.to_dict()) == report
+    actual[0][0][0] = 0.4
+    report = accuracy_report(actual, expected, ["y"], [0.1], reference="onnxruntime", chained_layers=3)
+    with pytest.raises(
+        VerificationFailed, match=r"more than 3 quantization step\(s\) \(one per quantized layer"
+    ):
+        require_accuracy(report)
+
+
 def test_top1_agreement_counts_rows_whose_arg_max_matches_the_float_model() -> None:
     floats = [np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([[0.3, 0.7], [0.6, 0.4]])]
     actual = [np.array([[0.2, 0.8], [0.1, 0.9]]), np.array([[0.4, 0.6], [0.7, 0.3]])]  # 3 of 4 agree

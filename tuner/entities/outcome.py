@@ -93,6 +93,8 @@ class AccuracyReport:
     float_model: str | None = None  # the float model top-1 agreement was counted against (its name)
     #: A float model Kiln quantized (the int8 policy): how, and the accuracy control's outcome.
     quantization: QuantizationReport | None = None
+    #: Quantized outputs: the steps allowed from the reference (one per quantized layer in a chain).
+    allowed_steps: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +104,7 @@ class AccuracyReport:
             "tolerance": self.tolerance,
             "float_model": self.float_model,
             "quantization": self.quantization.to_dict() if self.quantization is not None else None,
+            "allowed_steps": self.allowed_steps,
         }
 
     @classmethod
@@ -113,4 +116,5 @@ class AccuracyReport:
             data.get("tolerance"),
             data.get("float_model"),
             QuantizationReport.from_dict(data["quantization"]) if data.get("quantization") else None,
+            float(data.get("allowed_steps", 1.0)),
         )

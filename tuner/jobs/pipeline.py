@@ -329,10 +329,21 @@ def _check(settings: Settings, job: Job, planned: _Planned, built: _Built, recor
         )
     else:
         comparisons = verify_outputs(
-            settings, imported, built.tuned_exe, untuned_exe, inputs=inputs, reference_semantics=quantized
+            settings,
+            imported,
+            built.tuned_exe,
+            untuned_exe,
+            inputs=inputs,
+            reference_semantics=quantized,
+            chained_layers=len(plan.fusion.integer_ops),
         )
     if quantized or (floats is not None and accuracy is None):
-        accuracy = measure_accuracy(imported, built.tuned_exe, spec.seed, floats) or accuracy
+        accuracy = (
+            measure_accuracy(
+                imported, built.tuned_exe, spec.seed, floats, chained_layers=len(plan.fusion.integer_ops)
+            )
+            or accuracy
+        )
     if accuracy is not None and planned.quantization is not None:
         accuracy = dataclasses.replace(accuracy, quantization=planned.quantization)
     recorder.stage("measuring")
