@@ -262,6 +262,7 @@ def _accuracy_over_inputs(
     tolerance: float | None,
     float_model: FloatReference | None = None,
     inputs: int = ACCURACY_INPUTS,
+    chained_layers: int = 1,
 ) -> AccuracyReport:
     model = LoadedModel(tuned_exe)
     actual, expected, floats = [], [], []
@@ -272,7 +273,9 @@ def _accuracy_over_inputs(
         if float_model is not None:
             floats.append(float_model.run(inputs))
     names = [spec.name for spec in imported.signature.outputs]
-    report = accuracy_report(actual, expected, names, steps, reference=name, tolerance=tolerance)
+    report = accuracy_report(
+        actual, expected, names, steps, reference=name, tolerance=tolerance, chained_layers=chained_layers
+    )
     return report if float_model is None else with_top1(report, actual, floats, float_model.name)
 
 
