@@ -66,3 +66,16 @@ def test_top1_agreement_counts_rows_whose_arg_max_matches_the_float_model() -> N
     marked = with_top1(report, [[a] for a in actual], [[f] for f in floats], "mlp.onnx")
     assert marked.float_model == "mlp.onnx" and marked.outputs[0].top1_agreement == 0.75
     assert AccuracyReport.from_dict(marked.to_dict()) == marked
+
+
+def test_a_quantized_models_float_outputs_are_held_norm_wise() -> None:
+    """Float outputs of a quantized model (after a float layer norm) carry the ties flipped upstream: held
+    to a norm-wise relative error of 16 unit roundoffs of 8 bits, not element-wise; a wrong kernel fails."""
+    from tuner.timing.verify import QUANTIZED_FLOAT_TOLERANCE, compare_outputs
+
+    expected = [np.linspace(-1.0, 1.0, 1000)]
+    drifted = [expected[0] + np.random.default_rng(0).normal(0, 0.01, 1000)]  # ~1.7 % norm-wise
+    assert not compare_outputs(drifted, expected, "r", 1e-3, 1e-4).ok
+    assert compare_outputs(drifted, expected, "r", 1e-3, 1e-4, [QUANTIZED_FLOAT_TOLERANCE]).ok
+    wrong = [expected[0][::-1].copy()]
+    assert not compare_outputs(wrong, expected, "r", 1e-3, 1e-4, [QUANTIZED_FLOAT_TOLERANCE]).ok
