@@ -31,7 +31,7 @@ def test_submitted_job_is_queued_with_a_resolved_target(client: TestClient, mlp_
     assert job["target_key"].startswith("llvm -mcpu=")
     assert job["runner"] == {"kind": "local"} and job["cost_model"] == "xgb" and job["seed"] == 3
     assert job["progress"] == {"trials_done": 0, "trials_total": 0, "tasks_done": 0, "tasks_total": 0}
-    assert job["precision"] == "as-is"
+    assert job["precision"] == "auto"  # the default: int8 with calibration inputs, else bf16 or as-is
     assert client.get(f"/api/v1/jobs/{job['id']}").json()["id"] == job["id"]
     assert _submit(client, mlp_model["id"], trials=8, precision="bf16")["precision"] == "bf16"
     assert _submit(client, mlp_model["id"], trials=8, precision="auto")["precision"] == "auto"

@@ -76,6 +76,6 @@ def test_a_quantized_models_float_outputs_are_held_norm_wise() -> None:
     expected = [np.linspace(-1.0, 1.0, 1000)]
     drifted = [expected[0] + np.random.default_rng(0).normal(0, 0.01, 1000)]  # ~1.7 % norm-wise
     assert not compare_outputs(drifted, expected, "r", 1e-3, 1e-4).ok
-    assert compare_outputs(drifted, expected, "r", 1e-3, 1e-4, [QUANTIZED_FLOAT_TOLERANCE]).ok
+    assert compare_outputs(drifted, expected, "r", 1e-3, 1e-4, norm_wise=[QUANTIZED_FLOAT_TOLERANCE]).ok
     wrong = [expected[0][::-1].copy()]
-    assert not compare_outputs(wrong, expected, "r", 1e-3, 1e-4, [QUANTIZED_FLOAT_TOLERANCE]).ok
+    assert not compare_outputs(wrong, expected, "r", 1e-3, 1e-4, norm_wise=[QUANTIZED_FLOAT_TOLERANCE]).ok

@@ -62,11 +62,15 @@ def preview_refusal(
     input_shapes: Any,
     precision: str,
 ) -> KilnError | None:
-    """The limit error a kept preview of this plan was refused with (its job would meet it too), or None."""
-    key = plan_key(settings, resolved_target, plan_shapes(model, input_shapes), precision)
-    stored = store.get_model_plan(model.id, key)
-    if isinstance(stored, PlanError) and stored.kind in LIMIT_ERRORS:
-        return rebuild_error(stored.kind, f"its task preview was refused: {stored.message}")
+    """The limit error a kept preview of this plan was refused with (its job would meet it too), or None.
+    A job under ``auto`` or ``int8`` imports the model as ``as-is`` does before anything else, so a
+    preview of the model as it is refused for a limit refuses it too (the dashboard previews as-is)."""
+    shapes = plan_shapes(model, input_shapes)
+    policies = [precision, *(["as-is"] if precision in ("auto", "int8") else [])]
+    for policy in policies:
+        stored = store.get_model_plan(model.id, plan_key(settings, resolved_target, shapes, policy))
+        if isinstance(stored, PlanError) and stored.kind in LIMIT_ERRORS:
+            return rebuild_error(stored.kind, f"its task preview was refused: {stored.message}")
     return None
 
 

@@ -55,6 +55,7 @@ def compare_outputs(
     reference: str,
     rtol: float,
     atol: float | list[float],
+    *,
     norm_wise: list[float | None] | None = None,
 ) -> Comparison:
     """Compare outputs element-wise: ok when ``|a - e| <= atol + rtol * |e|`` everywhere (``atol`` one
@@ -150,11 +151,11 @@ def verify_outputs(
     steps = output_steps(imported, len(tuned_out))
     norms = [QUANTIZED_FLOAT_TOLERANCE if reference_semantics and s is None else None for s in steps]
     untuned = LoadedModel(untuned_exe).run(inputs)
-    comparisons = [compare_outputs(tuned_out, untuned, UNTUNED, rtol, atols, norms)]
+    comparisons = [compare_outputs(tuned_out, untuned, UNTUNED, rtol, atols, norm_wise=norms)]
     runner = _onnxruntime_runner(imported, reference_semantics)
     if runner is not None:
         name = REFERENCE_SEMANTICS if reference_semantics else "onnxruntime"
-        comparisons.append(compare_outputs(tuned_out, runner(inputs), name, rtol, atols, norms))
+        comparisons.append(compare_outputs(tuned_out, runner(inputs), name, rtol, atols, norm_wise=norms))
     require_match(comparisons, rtol, max(atols, default=atol))
     return comparisons
 
