@@ -116,3 +116,17 @@ def test_class_scores_of_any_rank_are_judged_by_top1_per_row(tmp_path: Path) -> 
     assert report.before.relative_error["y"] > 1e-12
     # Rows are the 6 steps of each of the 4 validation samples: the share moves in 1/24ths.
     assert round(report.before.top1_changed * 24, 6) == int(round(report.before.top1_changed * 24))
+
+
+def test_a_model_before_opset_13_is_converted_for_per_channel_weights(tmp_path: Path) -> None:
+    """paddle2onnx exports at opset 11 or 12, where DequantizeLinear has no axis: onnxruntime's quantizer
+    writes one anyway (an invalid model) unless the model is converted to opset 13 first."""
+    model = build_small_cnn(batch=1)
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = 11
+    calibration = synthetic_calibration((TensorSpec("x", (1, 3, 32, 32), "float32"),), samples=4)
+    quantizer = StaticQuantizer(model, calibration.calibration, "minmax", tmp_path)
+    path = quantizer.quantize()
+    assert max(o.version for o in onnx.load(str(path)).opset_import if o.domain in ("", "ai.onnx")) >= 13
+    assert np.isfinite(_evaluator(calibration)(path)[0][0]).all()

@@ -34,6 +34,21 @@ CORE_OPS = ("Conv", "MatMul", "Gemm")
 CARRIER_OPS = ("Relu", "Clip", "MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
 
 
+#: Per-channel DequantizeLinear (its ``axis``) needs opset 13: an older model is converted first (paddle2onnx
+#: exports at 11, and onnxruntime's quantizer writes the axis whatever the opset, an invalid model).
+PER_CHANNEL_OPSET = 13
+
+
+def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` at default-domain opset ``opset`` or later (ONNX's version converter where older)."""
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), opset)
+    if current >= opset:
+        return model
+    from onnx import version_converter
+
+    return version_converter.convert_version(model, opset)
+
+
 def check_calibration_method(method: str) -> None:
     """:class:`~tuner.errors.InvalidSpec` for a calibration method Kiln does not have."""
     if method not in CALIBRATION_METHODS:
@@ -69,17 +84,25 @@ def named_model(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def softmax_outputs(model: onnx.ModelProto) -> set[str]:
-    """The graph outputs a Softmax or LogSoftmax over the last axis produces: class scores, whatever their
-    rank (a text recognizer's ``[batch, steps, characters]``)."""
+    """The graph outputs a Softmax or LogSoftmax over the last axis produces, directly or through reshapes
+    (PaddleOCR's recognizer reshapes ``[batch x steps, characters]`` scores back to ``[batch, steps,
+    characters]``): class scores, whatever their rank."""
+    producers = {out: node for node in model.graph.node for out in node.output}
     found = set()
-    outputs = {o.name for o in model.graph.output}
-    for node in model.graph.node:
-        if node.op_type in ("Softmax", "LogSoftmax") and node.output[0] in outputs:
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type in _RESHAPES:
+            node = producers.get(node.input[0])
+        if node is not None and node.op_type in ("Softmax", "LogSoftmax"):
             axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
             rank = _output_rank(model, node.output[0])
-            if axis == -1 or (rank is not None and axis == rank - 1):
-                found.add(node.output[0])
+            if axis == -1 or (rank is not None and axis == rank - 1) or node.output[0] != output.name:
+                found.add(output.name)
     return found
+
+
+#: Operators that only reshape what they pass on (a softmax's class axis stays last through them).
+_RESHAPES = ("Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze")
 
 
 def _output_rank(model: onnx.ModelProto, name: str) -> int | None:
@@ -147,7 +170,7 @@ class StaticQuantizer:
         self.weight_bits = weight_bits
         workdir.mkdir(parents=True, exist_ok=True)
         named = workdir / "named.onnx"
-        onnx.save(named_model(model), named)
+        onnx.save(named_model(_with_opset(model, PER_CHANNEL_OPSET)), named)
         # onnxruntime's pre-processing: batch norms folded into the convolutions before them, shapes
         # inferred; the float model every quantized one is compared with.
         self.float_path = workdir / "float.onnx"
