@@ -113,7 +113,11 @@ def build_model(name: str, out: Path, seed: int) -> tuple[Path, TensorSpec]:
 
         source = Path(rapidocr_onnxruntime.__file__).parent / "models" / "ch_PP-OCRv4_rec_infer.onnx"
         shape = (1, 3, 48, OCR_WIDTH)
-        onnx.save(_static(onnx.load(str(source)), shape), path)
+        # Opset 12 as shipped: onnxruntime's quantize_static writes a per-channel DequantizeLinear axis
+        # that opset rejects, so every implementation gets the model at opset 13 (as Kiln converts it).
+        from onnx import version_converter
+
+        onnx.save(version_converter.convert_version(_static(onnx.load(str(source)), shape), 13), path)
         return path, TensorSpec("x", shape, "float32")
     from _held_out_models import export as export_held_out
 
