@@ -120,21 +120,21 @@ AVX2_BYTE_DOT = IntegerDot(
 INTEGER_DOTS = (VNNI_DOT, AVXVNNI_DOT, AVX512_WORD_DOT, AVX2_WORD_DOT, AVX512_BYTE_DOT, AVX2_BYTE_DOT)
 
 
-def _dot_desc(lanes: int) -> Any:
-    """``C[i] += A[k] * B[i, k]`` over ``lanes`` outputs by 4 products, u8 x s8 -> s32 (for 16 lanes: TVM's
-    ``dot_product_16x4_u8i8i32_desc``)."""
+def _dot_desc(lanes: int, depth: int = VNNI_DEPTH, weight: str = "int8") -> Any:
+    """``C[i] += A[k] * B[i, k]`` over ``lanes`` outputs by ``depth`` products, u8 x ``weight`` -> s32 (for
+    16 lanes of 4 s8 products: TVM's ``dot_product_16x4_u8i8i32_desc``; 2 int16 ones: ``vpmaddwd``'s)."""
 
     @T.prim_func(s_tir=True)
     def desc(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        A: T.Buffer((depth,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, depth), weight, offset_factor=1),
         C: T.Buffer((lanes,), "int32", offset_factor=1),
     ) -> None:
         with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.reads(C[0:lanes], A[0:depth], B[0:lanes, 0:depth])
             T.writes(C[0:lanes])
             for i in T.serial(0, lanes):
-                for k in T.serial(0, 4):
+                for k in T.serial(0, depth):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
                         C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
@@ -167,27 +167,6 @@ def _vpdpbusd_impl(lanes: int) -> Any:
             )
 
     return impl
-
-
-def _word_desc(lanes: int) -> Any:
-    """``C[i] += A[k] * B[i, k]`` over ``lanes`` outputs by 2 products, u8 x s16 -> s32."""
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((2,), "uint8", offset_factor=1),
-        B: T.Buffer((lanes, 2), "int16", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
-            T.writes(C[0:lanes])
-            for i in T.serial(0, lanes):
-                for k in T.serial(0, 2):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    return desc
 
 
 def _vpmaddwd_impl(lanes: int) -> Any:
@@ -261,7 +240,7 @@ def register_vnni_intrinsic() -> None:
     for name, lanes in ((VNNI_INTRINSIC, VNNI_LANES), (AVXVNNI_INTRINSIC, AVXVNNI_LANES)):
         TensorIntrin.register(name, _dot_desc(lanes), _vpdpbusd_impl(lanes), override=True)
     for name, lanes in ((AVX2_WORD_INTRINSIC, 8), (AVX512_WORD_INTRINSIC, 16)):
-        TensorIntrin.register(name, _word_desc(lanes), _vpmaddwd_impl(lanes), override=True)
+        TensorIntrin.register(name, _dot_desc(lanes, 2, "int16"), _vpmaddwd_impl(lanes), override=True)
     for name, lanes in ((AVX2_BYTE_INTRINSIC, 8), (AVX512_BYTE_INTRINSIC, 16)):
         TensorIntrin.register(name, _dot_desc(lanes), _pmaddubsw_impl(lanes), override=True)
     _registered = True

@@ -259,7 +259,7 @@ class _VnniMutator(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, report: VnniReport, dot: IntegerDot) -> None:
         super().__init__(mod)
         self.report = report
-        self.dot, self.lanes, self.depth = dot, dot.lanes, dot.depth
+        self.dot = dot
         self.matmul = tvm.ir.Op.get("relax.matmul")
         self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
 
@@ -313,7 +313,7 @@ class _VnniMutator(relax.PyExprMutator):
             described = pointwise.describe(call)
             self.report.packed.append(described)
             self.report.matmul_extents[described] = (pointwise.rows, pointwise.cols, pointwise.channels)
-            packed = relax.const(pack_matmul_weight(pointwise.weight(weight), lanes=self.lanes), "int8")
+            packed = relax.const(pack_matmul_weight(pointwise.weight(weight), lanes=self.dot.lanes), "int8")
             return emit_pointwise_matmul(
                 self.builder_, call, pointwise, packed, dtype="int32", name="vnni_matmul", mark=VNNI_BLOCK
             )
@@ -324,7 +324,7 @@ class _VnniMutator(relax.PyExprMutator):
             self.report.packed.append(described)
             self.report.matmul_extents[described] = (windowed.rows, windowed.cols, windowed.depth)
             packed = relax.const(
-                pack_windowed_weight(windowed.weight(weight), self.lanes, VNNI_DEPTH), "int8"
+                pack_windowed_weight(windowed.weight(weight), self.dot.lanes, VNNI_DEPTH), "int8"
             )
             return emit_windowed_gemm(
                 self.builder_, call, windowed, packed, dtype="int32", name="vnni_matmul", mark=VNNI_BLOCK
