@@ -20,8 +20,13 @@ convolution's input is padded explicitly with its zero point, so the corrections
 The activation is applied before rounding, on the output's scale: quantization is monotonic, so this is
 the activation in the quantized domain.
 
-What does not match (a weight computed at run time, per-channel activation scales, an output that is
-not quantized...) stays in float and is listed, with the reason, in the pass' :class:`QuantReport`.
+A core whose output no quantize takes (onnxruntime's quantizer leaves the outputs of convolutions and
+matmuls in float when asked) is computed in integers all the same, its output ``float(acc) * s_x * s_w[c]``
+and what follows it (bias, activation) in float: the rounding of every output to 8 bits is skipped,
+which is where much of a quantized model's error comes from.
+
+What does not match (a weight computed at run time, per-channel activation scales...) stays in float and
+is listed, with the reason, in the pass' :class:`QuantReport`.
 """
 
 from __future__ import annotations
@@ -60,10 +65,14 @@ def lower_qdq(report: QuantReport | None = None) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="KilnLowerQDQ")
     def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        mutator = _QDQMutator(mod, sink)
-        lowered = relax.transform.DeadCodeElimination()(rewrite_functions(mutator))
-        mutator.report_float_leftovers(mod)
-        return lowered
+        eliminate = relax.transform.DeadCodeElimination()
+        requantized = _QDQMutator(mod, sink)
+        lowered = eliminate(rewrite_functions(requantized))
+        # What no quantize claimed: cores whose output goes on in float.
+        floats = _QDQMutator(lowered, sink, declined=requantized.declined, float_outputs=True)
+        result = eliminate(rewrite_functions(floats))
+        floats.report_float_leftovers(lowered)
+        return result
 
     return rewrite
 
@@ -93,13 +102,24 @@ class _Chain:
 
 @relax.expr_functor.mutator
 class _QDQMutator(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, report: QuantReport) -> None:
+    """Lowers each core a quantize takes (with ``float_outputs``, instead each core left over by such a
+    run: those whose output goes on in float)."""
+
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        report: QuantReport,
+        *,
+        declined: dict[Any, str] | None = None,
+        float_outputs: bool = False,
+    ) -> None:
         super().__init__(mod)
         self.report = report
+        self.float_outputs = float_outputs
         self.quantize = tvm.ir.Op.get("relax.quantize")
         self.dequantize = tvm.ir.Op.get("relax.dequantize")
         # Keyed by the input module's core calls (TVM objects hash by identity).
-        self.declined: dict[Any, str] = {}  # core call -> why it was not lowered
+        self.declined: dict[Any, str] = dict(declined or {})  # core call -> why it was not lowered
         self.lowered_cores: set[Any] = set()
 
     # The bindings are looked up in the input function: the chain is matched before it is rewritten.
@@ -112,6 +132,8 @@ class _QDQMutator(relax.PyExprMutator):
         return expr
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
+        if self.float_outputs:
+            return self._lower_float_output(call)
         if not call.op.same_as(self.quantize):
             return super().visit_call_(call)
         moved = self._layout_on_integers(call)
@@ -127,6 +149,24 @@ class _QDQMutator(relax.PyExprMutator):
         if chain is None:
             return super().visit_call_(call)
         return self._lower(chain, call)
+
+    def _lower_float_output(self, call: relax.Call) -> relax.Expr:
+        """A core over a dequantized input and weight whose output no quantize took, computed in integers
+        all the same: ``float(acc) * s_x * s_w[c]`` is what the float operator computes on the dequantized
+        operands; the bias and what follows stay in float."""
+        if str(getattr(call.op, "name", "")) not in _CORE_OPS:
+            return super().visit_call_(call)
+        try:
+            chain = self._core_chain(call, None, (-np.inf, np.inf))
+        except _Declined as why:
+            self.declined.setdefault(call, str(why))
+            return super().visit_call_(call)
+        accumulated = None if chain is None else self._accumulate(chain, len(call.ty.shape))
+        if chain is None or accumulated is None:
+            return super().visit_call_(call)
+        acc, shape = accumulated
+        self.report.lowered.append(f"{describe_core(chain.core)} -> float32")
+        return self._scaled(chain, acc, shape, 1.0)
 
     def _scalar_value(self, expr: relax.Expr) -> float | None:
         """The value of a scalar built from constants only (ONNX Clip's bounds arrive as
@@ -202,6 +242,16 @@ class _QDQMutator(relax.PyExprMutator):
             expr = self._producer(expr.args[0])
         if not (isinstance(expr, relax.Call) and str(getattr(expr.op, "name", "")) in _CORE_OPS):
             return None
+        if _scalar_constant(q.args[1]) is None or _scalar_constant(q.args[2]) is None:
+            raise _Declined("its output has per-channel quantization parameters")
+        return self._core_chain(expr, bias, (low, high))
+
+    def _core_chain(
+        self, core: relax.Call, bias: np.ndarray | None, activation: tuple[float, float]
+    ) -> _Chain | None:
+        """``core`` over a dequantized input and a dequantized constant weight as a chain to lower (None
+        when its input is not dequantized: a float operator)."""
+        expr = core
         x, w = self._dequantized(expr.args[0]), self._dequantized(expr.args[1])
         if x is None:
             return None  # a float operator that happens to feed a quantize: nothing quantized to keep
@@ -217,9 +267,7 @@ class _QDQMutator(relax.PyExprMutator):
             raise _Declined(f"its bias has {bias.size} values for {channels} output channels")
         if bias is not None and bias.size == 1:
             bias = np.full(channels, bias.item(), np.float32)
-        if _scalar_constant(q.args[1]) is None or _scalar_constant(q.args[2]) is None:
-            raise _Declined("its output has per-channel quantization parameters")
-        return _Chain(core=expr, x=x, w=w, bias=bias, activation=(low, high))
+        return _Chain(core=expr, x=x, w=w, bias=bias, activation=activation)
 
     def _dequantized(self, expr: relax.Expr) -> _QParams | None:
         """The operands of a dequantize (through a transpose of a constant), or None if not dequantized."""
@@ -285,12 +333,15 @@ class _QDQMutator(relax.PyExprMutator):
     # ----------------------------------------------------------------------------------------------
     # Rewriting
 
-    def _lower(self, chain: _Chain, q: relax.Call) -> relax.Expr:
+    def _accumulate(self, chain: _Chain, rank: int) -> tuple[relax.Expr, list[int]] | None:
+        """The exact int32 accumulator of ``chain``'s core, ``sum (x - zx)(w - zw)`` per output element,
+        and the shape its per-channel constants broadcast to (None, the reason recorded, when the input
+        is not an 8-bit integer)."""
         x_expr = self.visit_expr(chain.x.data)
         x_dtype = str(chain.x.data.ty.dtype) if hasattr(chain.x.data, "ty") else ""
         if x_dtype not in ("int8", "uint8"):
             self.declined[chain.core] = f"its input is {x_dtype or 'of unknown type'} (int8/uint8 is lowered)"
-            return super().visit_call_(q)
+            return None
         zx = int(chain.x.zero_point.item())
         if x_dtype == "int8":
             x_expr, zx = _shift_to_uint8(self.builder_, x_expr), zx + 128
@@ -304,7 +355,7 @@ class _QDQMutator(relax.PyExprMutator):
             core = _integer_matmul(self.builder_, x_expr, weights)
         # acc = sum (x - zx)(w - zw) = sum x w - zx sum w - zw sum x + K zx zw   (per output channel c)
         correction = zx * core.weight_sums - core.reduced * zx * zw
-        shape = [1, channels, 1, 1] if is_conv else [*([1] * (len(q.ty.shape) - 1)), channels]
+        shape = [1, channels, 1, 1] if is_conv else [*([1] * (rank - 1)), channels]
         acc = self.builder_.emit(relax.op.subtract(core.acc, _const(correction.reshape(shape), "int32")))
         if np.any(zw != 0):
             sums = (
@@ -314,14 +365,26 @@ class _QDQMutator(relax.PyExprMutator):
             )
             term = self.builder_.emit(relax.op.multiply(sums, _const(zw.reshape(shape), "int32")))
             acc = self.builder_.emit(relax.op.subtract(acc, term))
-        sy = float(_scalar_constant(self._producer(q.args[1])))
-        zy = int(_scalar_constant(self._producer(q.args[2])))
-        sx = float(chain.x.scale.item())
+        self.lowered_cores.add(chain.core)
+        return acc, shape
+
+    def _scaled(self, chain: _Chain, acc: relax.Expr, shape: list[int], divisor: float) -> relax.Expr:
+        """``float(acc) * s_x * s_w[c] / divisor``: the core's float output, on the scale ``divisor``."""
+        channels = chain.w.data.shape[chain.w.axis]
         sw = np.broadcast_to(chain.w.scale.astype(np.float64).reshape(-1), (channels,))
-        multiplier = (sx * sw / sy).astype(np.float32).reshape(shape)
-        value = self.builder_.emit(
+        multiplier = (float(chain.x.scale.item()) * sw / divisor).astype(np.float32).reshape(shape)
+        return self.builder_.emit(
             relax.op.multiply(relax.op.astype(acc, "float32"), _const(multiplier, "float32"))
         )
+
+    def _lower(self, chain: _Chain, q: relax.Call) -> relax.Expr:
+        accumulated = self._accumulate(chain, len(q.ty.shape))
+        if accumulated is None:
+            return super().visit_call_(q)
+        acc, shape = accumulated
+        sy = float(_scalar_constant(self._producer(q.args[1])))
+        zy = int(_scalar_constant(self._producer(q.args[2])))
+        value = self._scaled(chain, acc, shape, sy)
         if chain.bias is not None:
             offset = (chain.bias.astype(np.float64) / sy).astype(np.float32).reshape(shape)
             value = self.builder_.emit(relax.op.add(value, _const(offset, "float32")))
@@ -337,7 +400,6 @@ class _QDQMutator(relax.PyExprMutator):
         floor = self.builder_.emit(relax.op.maximum(rounded, relax.const(float(info.min), "float32")))
         saturated = relax.op.minimum(floor, relax.const(float(info.max), "float32"))
         self.report.lowered.append(f"{describe_core(chain.core)} -> {out_dtype}")
-        self.lowered_cores.add(chain.core)
         return relax.op.astype(self.builder_.emit(saturated), out_dtype)
 
     def report_float_leftovers(self, original: tvm.IRModule) -> None:
