@@ -108,8 +108,8 @@ Top1Opt = Annotated[
     float | None,
     typer.Option(
         "--max-top1-changed",
-        help="precision int8: share of validation rows of a [batch, classes] output whose top-1 may change "
-        "(default 0.01)",
+        help="precision int8/auto: share of validation samples whose top-1 class (over steps: any step's) may "
+        "change on class scores (default 0.01)",
     ),
 ]
 RelativeErrorOpt = Annotated[

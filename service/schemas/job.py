@@ -51,7 +51,7 @@ class AccuracyBudgetIn(BaseModel):
         default=DEFAULT_MAX_TOP1_CHANGED,
         ge=0,
         le=1,
-        description="Share of the validation rows of a classifier-like output whose top-1 class may change",
+        description="Share of the validation samples whose top-1 class (over steps: any step's) may change on class scores",
     )
     max_relative_error: StrictFloat | StrictInt = Field(
         default=DEFAULT_MAX_RELATIVE_ERROR,
@@ -115,7 +115,7 @@ class JobIn(BaseModel):
     accuracy_budget: AccuracyBudgetIn | None = Field(
         default=None,
         description="precision int8: how far the quantized model may stray from the float model on the "
-        "validation samples (default: top-1 changed on at most 1 % of rows of a [batch, classes] output, "
+        "validation samples (default: top-1 changed on at most 1 % of the samples on class scores, "
         "a norm-wise relative error of at most 0.05 on any other)",
     )
     float_model_id: str | None = Field(
@@ -209,7 +209,7 @@ class OutputAccuracyOut(EntityOut):
 
 class QuantizationMetricOut(EntityOut):
     top1_changed: float | None = Field(
-        description="Largest share, over [batch, classes] outputs, of validation rows whose top-1 changed"
+        description="Largest share, over class-score outputs, of validation samples whose top-1 changed"
     )
     relative_error: dict[str, float] = Field(description="Per output, the norm-wise relative error")
 

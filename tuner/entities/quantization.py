@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: The default budget: at most 1 % of validation rows whose top-1 class changes (classifier outputs)...
+#: The default budget: at most 1 % of validation samples whose answer (top-1 class) changes on class scores...
 DEFAULT_MAX_TOP1_CHANGED = 0.01
 #: ... and a norm-wise relative error of at most 5 % on any other output.
 DEFAULT_MAX_RELATIVE_ERROR = 0.05
@@ -17,7 +17,8 @@ DEFAULT_MAX_RELATIVE_ERROR = 0.05
 class AccuracyBudget:
     """How far a quantized model may stray from the float model on the validation samples."""
 
-    #: Share of the rows of a classifier-like output (``[batch, classes]``) whose top-1 class may change.
+    #: Share of the validation samples (batch rows) whose top-1 class (over steps: any step's) may change on
+    #: class scores (``[batch, classes]``, or a softmax's over the last axis at any rank).
     max_top1_changed: float = DEFAULT_MAX_TOP1_CHANGED
     #: Norm-wise relative error ``||q - f|| / ||f||`` allowed on every other output.
     max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR
@@ -38,7 +39,7 @@ class AccuracyBudget:
 class QuantizationMetric:
     """A quantized model against the float model on the validation samples."""
 
-    #: The largest share, over the classifier-like outputs, of rows whose top-1 class changed (None: none).
+    #: The largest share, over the class-score outputs, of samples whose answer changed (None: no such output).
     top1_changed: float | None
     #: Per output, the norm-wise relative error.
     relative_error: dict[str, float] = field(default_factory=dict)
