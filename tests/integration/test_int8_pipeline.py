@@ -360,3 +360,50 @@ def test_a_float_model_with_calibration_inputs_becomes_an_int8_artifact(
     assert len(s.returned) == 3 and set(s.precision.values()) == {"float32"}
     assert s.within_budget and s.after.relative_error["y"] == 0.0
     assert strict.fusion.integer_ops == []
+
+
+def test_a_torch_export_program_with_calibration_inputs_becomes_an_int8_artifact(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """A .pt2 program is exported to ONNX by torch's exporter and quantized like an ONNX model: its
+    convolutions computed in integers, the calibration file's arrays named after the program's inputs, the
+    accuracy report against the program itself."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript", reason="torch's ONNX exporter needs onnxscript (Kiln's torch extra)")
+    from tests.model_builders import build_torch_relu6_cnn, save_torch_program
+    from tuner.quantization.calibration_files import save_calibration
+
+    settings = Settings(data_dir=tmp_path, database_url=None, poly_seeds=2)
+    program = save_torch_program(build_torch_relu6_cnn(), (torch.randn(1, 3, 12, 12),), tmp_path / "cnn.pt2")
+    calibration = tmp_path / "inputs.npz"
+    # nn.Sequential names its input "input": the program's user input, and the array's name.
+    np.savez(calibration, input=np.random.default_rng(5).standard_normal((16, 3, 12, 12)).astype(np.float32))
+    stored = save_calibration(settings, calibration.read_bytes())
+
+    result = run_host_job(
+        sqlite_store, settings, program, trials=4, precision="int8", calibration_id=stored.id
+    )
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    q = result.job.accuracy.quantization if result.job.accuracy else None
+    assert q is not None and not q.synthetic and q.within_budget
+    assert q.samples == "8 calibration and 8 validation samples from the user's calibration file"
+    assert len(q.precision) == 3 and q.before.relative_error, q
+    ints = [p for p, v in q.precision.items() if v == "int8"]
+    conv_ops = [op for op in result.fusion.integer_ops if op.startswith("conv2d")]
+    assert len(conv_ops) == len(ints) >= 1, (result.fusion.integer_ops, q.precision)
+    assert result.job.accuracy.float_model == "cnn (float32)"
+    (out,) = result.job.accuracy.outputs
+    assert out.relative_error is not None and out.relative_error < 1e-5, out
+
+
+def test_a_jax_program_is_refused_for_int8_with_the_reason() -> None:
+    from datetime import datetime, timezone
+
+    from tuner.entities import ModelFormat, ModelInfo, ModelSignature
+    from tuner.quantization.calibration_files import check_int8_model
+
+    signature = ModelSignature(inputs=(), outputs=())
+    for fmt in (ModelFormat.JAX_EXPORT, ModelFormat.STABLEHLO):
+        model = ModelInfo("m", "f", fmt, "0" * 64, 1, signature, datetime.now(timezone.utc))
+        with pytest.raises(InvalidSpec, match="converters trace Python functions"):
+            check_int8_model(model)

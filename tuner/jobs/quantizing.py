@@ -1,6 +1,6 @@
-"""The int8 policy's first stage (and auto's, given calibration inputs): a float ONNX model quantized
-within the job's accuracy budget, on the user's calibration samples (or, for int8 asked by name, seeded
-synthetic ones), before the model is imported and planned."""
+"""The int8 policy's first stage (and auto's, given calibration inputs): a float ONNX model (a torch.export
+program exported to ONNX first) quantized within the job's accuracy budget, on the user's calibration
+samples (or, for int8 asked by name, seeded synthetic ones), before the model is imported and planned."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import numpy as np
 import onnx
 
 from schedules.vnni import seven_bit_dot
-from tuner.entities import JobSpec, ModelInfo, QuantizationReport
+from tuner.entities import JobSpec, ModelFormat, ModelInfo, QuantizationReport
 from tuner.passes.plan import GraphPlan
 from tuner.quantization.accuracy_control import control_accuracy
 from tuner.quantization.calibration import CalibrationSet
 from tuner.quantization.calibration_files import check_int8_model, job_calibration, job_inputs
 from tuner.quantization.onnx_quantizer import StaticQuantizer
+from tuner.quantization.program_export import onnx_from_program
 from tuner.settings import Settings
 from tuner.targets import to_tvm_target
 
@@ -53,6 +54,9 @@ def quantize_model(
     ``workdir``) and the report."""
     check_int8_model(model)
     calibration = job_calibration(settings, spec.calibration_id, job_inputs(model, shapes))
+    if model.format is ModelFormat.TORCH_EXPORT:
+        names = tuple(t.name for t in model.signature.inputs)
+        float_path = onnx_from_program(float_path, workdir / "exported.onnx", input_names=names)
     # Without VNNI, 7-bit weights put the kernels on vpmaddubsw, exact on them and twice as fast as the
     # int16 products full 8-bit weights need there; the accuracy control judges what they cost.
     seven_bits = seven_bit_dot(to_tvm_target(spec.target)) is not None
@@ -63,8 +67,8 @@ def quantize_model(
         workdir,
         weight_bits=7 if seven_bits else 8,
     )
-    names = [t.name for t in model.signature.outputs]
-    return control_accuracy(quantizer, calibration, spec.accuracy_budget, _evaluator(calibration), names)
+    outputs = [o.name for o in quantizer.model.graph.output]
+    return control_accuracy(quantizer, calibration, spec.accuracy_budget, _evaluator(calibration), outputs)
 
 
 def _evaluator(calibration: CalibrationSet) -> Callable[[Path], list[list[np.ndarray]]]:

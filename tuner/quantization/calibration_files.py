@@ -59,10 +59,12 @@ def calibration_path(settings: Settings, calibration_id: str) -> Path:
 
 def check_int8_model(model: ModelInfo) -> None:
     """:class:`~tuner.errors.InvalidSpec` when the int8 policy cannot quantize ``model``."""
-    if model.format is not ModelFormat.ONNX:
+    if model.format not in (ModelFormat.ONNX, ModelFormat.TORCH_EXPORT):
         raise InvalidSpec(
-            f"precision int8 quantizes ONNX models (with onnxruntime's quantizer); '{model.name}' is a "
-            f"{model.format.value} program: export it to ONNX, or tune it with precision as-is or bf16"
+            f"precision int8 quantizes ONNX models and torch.export programs (exported to ONNX first); "
+            f"'{model.name}' is a {model.format.value} program, which Kiln cannot export to ONNX (the "
+            "converters trace Python functions, not a serialized export): export it to ONNX yourself, or "
+            "tune it with precision as-is or bf16"
         )
 
 
