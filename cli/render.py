@@ -375,7 +375,8 @@ def print_quantization(q: QuantizationReport) -> None:
     budget = q.budget
     held = "held" if q.within_budget else "NOT held (every operator returned to float32 and still beyond it)"
     console.print(
-        f"int8 quantization ({q.weight_bits}-bit weights, {q.method} calibration on {q.samples}): budget top-1 changed <= "
+        f"int8 quantization ({q.weight_bits}-bit weights{', float core outputs' if q.float_outputs else ''}, "
+        f"{q.method} calibration on {q.samples}): budget top-1 changed <= "
         f"{budget.max_top1_changed:.1%}, relative error <= {budget.max_relative_error:.3g}: {held}",
         highlight=False,
     )

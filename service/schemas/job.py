@@ -226,13 +226,20 @@ class QuantizationOut(EntityOut):
     samples: str = Field(description="The calibration and validation samples, and where they came from")
     synthetic: bool = Field(description="The samples are seeded synthetic inputs, not the user's")
     budget: AccuracyBudgetOut
-    before: QuantizationMetricOut = Field(description="Every convolution and matmul in int8")
+    before: QuantizationMetricOut = Field(
+        description="Every convolution and matmul in int8, their outputs rounded to 8 bits"
+    )
     after: QuantizationMetricOut = Field(description="As compiled, after the accuracy control")
     within_budget: bool
     returned: list[str] = Field(description="Operators returned to float32 to hold the budget, worst first")
     precision: dict[str, str] = Field(description="Each quantizable operator's precision: int8 or float32")
     weight_bits: int = Field(
         default=8, description="The weights' bits: 8, or 7 on CPUs without VNNI (vpmaddubsw is exact on them)"
+    )
+    float_outputs: bool = Field(
+        default=False,
+        description="The convolutions' and matmuls' outputs stay float (taken when rounding them to 8 bits "
+        "broke the budget)",
     )
 
     @classmethod

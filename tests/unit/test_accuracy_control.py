@@ -35,9 +35,10 @@ def test_a_classifier_within_budget_is_all_int8(tmp_path: Path) -> None:
     assert report.within_budget and report.returned == ()
     assert report.precision == {"conv1": "int8", "conv2": "int8", "conv3": "int8", "fc": "int8"}
     assert _quantized_weights(path) == {"conv1", "conv2", "conv3", "fc"}
-    # The [batch, classes] output is judged by top-1, over the validation rows (8 samples x 4 rows).
+    # The [batch, classes] output is judged by top-1, over the validation samples (8 runs x 4 batch rows).
     assert report.after.top1_changed is not None and report.after.top1_changed <= 0.01
     assert 0 < report.after.relative_error["y"] < 0.05
+    assert not report.float_outputs  # held with the outputs rounded to 8 bits: the faster form kept
 
 
 @pytest.mark.parametrize("method", ["minmax", "percentile", "entropy"])
@@ -49,15 +50,29 @@ def test_a_broken_budget_returns_the_worst_operators_to_float_until_it_holds(
     evaluate = _evaluator(calibration)
     floats = evaluate(quantizer.float_path)
     error = lambda path: compare_outputs(evaluate(path), floats, ["y"]).relative_error["y"]  # noqa: E731
+    rounded = error(quantizer.quantize())  # the cores' outputs rounded to 8 bits: the faster form
+    quantizer.float_outputs = True
     everything = error(quantizer.quantize())
     alone = {n.name: error(quantizer.quantize([n.name])) for n in quantizer.nodes}
+    quantizer.float_outputs = False
+    assert everything < rounded  # what leaving the outputs in float is for
     worst = min(alone, key=alone.__getitem__)  # the one whose return to float helps most
+
+    # A budget the rounded outputs break and the float ones hold: float outputs, nothing returned.
+    between = AccuracyBudget(max_relative_error=(everything + rounded) / 2)
+    path, report = control_accuracy(quantizer, calibration, between, evaluate, ["y"])
+    assert report.float_outputs and report.returned == () and report.within_budget
+    assert report.before.relative_error["y"] == pytest.approx(rounded)
+    assert report.after.relative_error["y"] == pytest.approx(everything)
+    assert _quantized_weights(path) == {n.name for n in quantizer.nodes}
+
+    # A budget the float outputs break too: the worst operator returns to float32.
+    quantizer.float_outputs = False
     budget = AccuracyBudget(max_relative_error=(everything + alone[worst]) / 2)
     assert alone[worst] < budget.max_relative_error < everything
-
     path, report = control_accuracy(quantizer, calibration, budget, evaluate, ["y"])
-    assert report.method == method and report.synthetic
-    assert report.before.relative_error["y"] == pytest.approx(everything)
+    assert report.method == method and report.synthetic and report.float_outputs
+    assert report.before.relative_error["y"] == pytest.approx(rounded)
     assert report.within_budget and report.after.relative_error["y"] <= budget.max_relative_error
     assert len(report.returned) == 1 and report.returned[0].startswith(f"{worst} (Conv ")
     assert report.precision[worst] == "float32"

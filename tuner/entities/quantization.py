@@ -66,6 +66,8 @@ class QuantizationReport:
     precision: dict[str, str]  # node name -> "int8" | "float32"
     #: The weights' bits: 8, or 7 on CPUs without VNNI (vpmaddubsw is exact on them there).
     weight_bits: int = 8
+    #: Whether the cores' outputs stay float (taken when rounding them to 8 bits broke the budget).
+    float_outputs: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +81,7 @@ class QuantizationReport:
             "returned": list(self.returned),
             "precision": dict(self.precision),
             "weight_bits": self.weight_bits,
+            "float_outputs": self.float_outputs,
         }
 
     @classmethod
@@ -94,4 +97,5 @@ class QuantizationReport:
             returned=tuple(data.get("returned", ())),
             precision=dict(data.get("precision", {})),
             weight_bits=int(data.get("weight_bits", 8)),
+            float_outputs=bool(data.get("float_outputs", False)),
         )

@@ -33,7 +33,7 @@ def with_int8_choice(plan: GraphPlan, policy: str, report: QuantizationReport) -
     ints = sum(1 for p in report.precision.values() if p == "int8")
     held = "within" if report.within_budget else "NOT within"
     choice = (
-        f"{policy}: int8 ({report.weight_bits}-bit weights) from {report.samples} ({report.method} calibration): {ints} of "
+        f"{policy}: int8 ({report.weight_bits}-bit weights{', float core outputs' if report.float_outputs else ''}) from {report.samples} ({report.method} calibration): {ints} of "
         f"{len(report.precision)} convolutions/matmuls in int8, {len(report.returned)} returned to float32, "
         f"{held} the accuracy budget"
     )

@@ -15,7 +15,9 @@ The quantized model is run as ONNX defines it (onnxruntime with its graph optimi
 the float operator, quantize), which Kiln's integer kernels compute to within one rounding step
 (:mod:`tuner.timing.accuracy`), so that the model judged is the model Kiln compiles.
 
-When the fully quantized model breaks the budget, each quantized convolution or matmul is ranked by how
+When the fully quantized model breaks the budget with the cores' outputs rounded to 8 bits (the faster
+form), it is quantized again with them left in float (:mod:`tuner.quantization.onnx_quantizer`). When
+that breaks the budget too, each quantized convolution or matmul is ranked by how
 much the outputs' error shrinks when it alone stays in float (a continuous measure, where the top-1
 share moves in steps of one sample); then they return to float in that order, one at a time, until the
 budget holds (as NNCF's ``quantize_with_accuracy_control`` does, by the metric).
@@ -102,8 +104,13 @@ def control_accuracy(
     first = quantizer.quantize()
     before = measure(first)
     path, after, returned = first, before, []
-    if not within(before, budget, classifier):
-        order = _sensitivity(quantizer, before, measure)
+    if not within(before, budget, classifier) and not quantizer.float_outputs:
+        # The faster form broke the budget: the cores' outputs left in float, before any returns.
+        quantizer.float_outputs = True
+        path = quantizer.quantize()
+        after = measure(path)
+    if not within(after, budget, classifier):
+        order = _sensitivity(quantizer, after, measure)
         for node in order:
             returned.append(node)
             path = quantizer.quantize(returned)
@@ -122,6 +129,7 @@ def control_accuracy(
         returned=tuple(n.describe() for n in quantizer.nodes if n.name in kept),
         precision={n.name: ("float32" if n.name in kept else "int8") for n in quantizer.nodes},
         weight_bits=quantizer.weight_bits,
+        float_outputs=quantizer.float_outputs,
     )
     return path, report
 

@@ -130,7 +130,7 @@ function quantizationTable(q) {
   const ints = Object.values(q.precision).filter((p) => p === "int8").length;
   return h("div", { id: "quantization" },
     h("h3", {}, `Quantized by Kiln: ${ints} of ${Object.keys(q.precision).length} convolutions/matmuls in int8`),
-    h("p", {}, `${q.weight_bits}-bit weights${q.weight_bits === 7 ? " (this CPU has no VNNI: vpmaddubsw is exact on them)" : ""}, ${q.method} calibration on ${q.samples}. Budget: top-1 changed on at most ${(100 * q.budget.max_top1_changed).toFixed(1)} % of validation samples, relative error at most ${q.budget.max_relative_error} — ${q.within_budget ? "held" : "not held"}.`),
+    h("p", {}, `${q.weight_bits}-bit weights${q.weight_bits === 7 ? " (this CPU has no VNNI: vpmaddubsw is exact on them)" : ""}${q.float_outputs ? ", the convolutions' and matmuls' outputs kept in float (rounded to 8 bits, they broke the budget)" : ""}, ${q.method} calibration on ${q.samples}. Budget: top-1 changed on at most ${(100 * q.budget.max_top1_changed).toFixed(1)} % of validation samples, relative error at most ${q.budget.max_relative_error} — ${q.within_budget ? "held" : "not held"}.`),
     q.synthetic ? h("p", { class: "hint", id: "synthetic-calibration" }, "No calibration inputs were given: the ranges and the budget were judged on seeded synthetic inputs, which need not resemble the model's real inputs.") : null,
     h("table", {},
       h("tbody", {},
