@@ -236,9 +236,11 @@ def fusion_line(fusion: FusionSummary) -> str:
     elif fusion.integer_kernels == "plain":
         line += "\n  integer kernels: plain tiled loops (this CPU has no vector integer dot product)"
     if fusion.reduced_ops:
+        # Under as-is and int8, the bf16 operands are the model's own rounding (operators returned to bf16).
+        low = fusion.precision if fusion.precision in ("bf16", "fp16") else "bf16"
         line += (
             f"\nprecision {fusion.precision}: {len(fusion.reduced_ops)} matmuls/convolutions on "
-            f"{fusion.precision} operands (fp32 accumulation), {fusion.precision_compute}: {fusion.precision_note}"
+            f"{low} operands (fp32 accumulation), {fusion.precision_compute}: {fusion.precision_note}"
         )
     elif fusion.precision != "as-is":
         line += f"\nprecision {fusion.precision}: no float matmul or convolution to reduce"
@@ -393,7 +395,7 @@ def print_quantization(q: QuantizationReport) -> None:
         highlight=False,
     )
     for node in q.returned:
-        console.print(f"  returned to float32: {node}", highlight=False)
+        console.print(f"  returned to {q.returned_precision}: {node}", highlight=False)
 
 
 def print_tuning_time(job: Job) -> None:

@@ -86,7 +86,8 @@ PrecisionOpt = Annotated[
         "low-precision operands, fp32 accumulation, verified against the float32 model; auto: bf16 where "
         "the CPU has bf16 instructions and the outputs stay within the bf16 tolerance, else as-is; int8: the "
         "float ONNX model quantized (per-channel weights, activations calibrated on --calibration) within "
-        "the accuracy budget, the operators that break it returned to float32. Default auto: int8 with "
+        "the accuracy budget, the operators that break it returned to bf16 where the CPU multiplies it "
+        "natively, else float32. Default auto: int8 with "
         "--calibration, else bf16 or as-is as above",
     ),
 ]

@@ -231,8 +231,12 @@ class QuantizationOut(EntityOut):
     )
     after: QuantizationMetricOut = Field(description="As compiled, after the accuracy control")
     within_budget: bool
-    returned: list[str] = Field(description="Operators returned to float32 to hold the budget, worst first")
-    precision: dict[str, str] = Field(description="Each quantizable operator's precision: int8 or float32")
+    returned: list[str] = Field(
+        description="Operators returned from int8 (to returned_precision) to hold the budget, worst first"
+    )
+    precision: dict[str, str] = Field(
+        description="Each quantizable operator's precision: int8, bf16 or float32"
+    )
     weight_bits: int = Field(
         default=8, description="The weights' bits: 8, or 7 on CPUs without VNNI (vpmaddubsw is exact on them)"
     )
@@ -240,6 +244,11 @@ class QuantizationOut(EntityOut):
         default=False,
         description="The convolutions' and matmuls' outputs stay float (taken when rounding them to 8 bits "
         "broke the budget)",
+    )
+    returned_precision: str = Field(
+        default="float32",
+        description="What the returned operators compute in: bf16 on a CPU that multiplies it natively "
+        "(AMX-BF16, AVX512-BF16) when that holds the budget, else float32",
     )
 
     @classmethod

@@ -449,3 +449,4 @@ def test_an_int8_job_from_the_form_with_calibration_inputs(
     assert "6 calibration and 6 validation samples from the user's calibration file" in quantization
     assert "held" in quantization and page.locator("#synthetic-calibration").count() == 0
     assert page.locator("#returned").inner_text() == "none"
+    assert "Returned to float32" in quantization  # the API's returned_precision (bf16 on bf16 CPUs)

@@ -409,3 +409,46 @@ def test_a_jax_program_is_refused_for_int8_with_the_reason() -> None:
         model = ModelInfo("m", "f", fmt, "0" * 64, 1, signature, datetime.now(timezone.utc))
         with pytest.raises(InvalidSpec, match="converters trace Python functions"):
             check_int8_model(model)
+
+
+def test_for_a_bf16_cpu_a_budget_int8_breaks_returns_operators_to_bf16_kernels(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """For a Sapphire Rapids (AMX-BF16, AVX512-BF16; planned here, build-only): the operator the budget
+    returns from int8 goes to bf16, its operands rounded so in the QDQ model the accuracy control judged, and
+    Kiln plans it on that CPU's bf16 instructions, the other two on integer kernels. Planned for this CPU,
+    the same graph computes what onnxruntime computes from that model as written."""
+    from tuner.entities import AccuracyBudget
+    from tuner.jobs.quantizing import quantize_model
+
+    settings = Settings(data_dir=tmp_path, database_url=None, poly_seeds=2)
+    bottleneck = tmp_path / "bottleneck.onnx"
+    onnx.save(build_bottleneck(), bottleneck)
+    model, _ = register_model(sqlite_store, settings, bottleneck)
+    spec = JobSpec(
+        model_id=model.id,
+        target={"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
+        trials=0,
+        precision="int8",
+        # Between the error of the worst operator returned in bf16 and that of all of them in int8
+        # (0.0137 and 0.0183 with minmax calibration on the bottleneck's synthetic samples).
+        accuracy_budget=AccuracyBudget(max_relative_error=0.016),
+    )
+    path, q = quantize_model(settings, spec, model, bottleneck, shapes={}, workdir=tmp_path / "q")
+    assert q.within_budget and q.returned_precision == "bf16", q
+    assert q.weight_bits == 8  # Sapphire Rapids has VNNI
+    assert sorted(q.precision.values()) == ["bf16", "int8", "int8"]
+
+    fusion = plan_graph(load_model(path).mod, to_tvm_target(spec.target)).fusion
+    assert len(fusion.integer_ops) == 2
+    (reduced,) = fusion.reduced_ops
+    assert reduced.startswith("conv2d") and reduced.endswith("-> bf16 (rounded so by the model)")
+    assert len([*fusion.amx_bf16_matmuls, *fusion.avx512_bf16_convolutions]) == 1, fusion.bf16_unpacked
+
+    host = to_tvm_target(host_target())
+    plan = plan_graph(load_model(path).mod, host)
+    x = np.random.default_rng(6).standard_normal((1, 64, 16, 16)).astype(np.float32)
+    (got,) = LoadedModel(build_untuned(plan.prepared, host)).run([x])
+    expected = reference_output(path, x)
+    # Exact but for float32 summation order (1.3e-7 measured): the bf16 rounding and the integer sums alike.
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-5

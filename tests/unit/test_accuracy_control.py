@@ -155,3 +155,41 @@ def test_a_model_before_opset_13_is_converted_for_per_channel_weights(tmp_path: 
     path = quantizer.quantize()
     assert max(o.version for o in onnx.load(str(path)).opset_import if o.domain in ("", "ai.onnx")) >= 13
     assert np.isfinite(_evaluator(calibration)(path)[0][0]).all()
+
+
+def test_on_a_bf16_cpu_operators_return_to_bf16_first_and_to_float32_when_bf16_breaks_the_budget(
+    tmp_path: Path,
+) -> None:
+    calibration = synthetic_calibration((TensorSpec("x", (1, 64, 16, 16), "float32"),), samples=16)
+    quantizer = StaticQuantizer(build_bottleneck(), calibration.calibration, "minmax", tmp_path)
+    evaluate = _evaluator(calibration)
+    floats = evaluate(quantizer.float_path)
+    error = lambda path: compare_outputs(evaluate(path), floats, ["y"]).relative_error["y"]  # noqa: E731
+    quantizer.float_outputs = True
+    everything = error(quantizer.quantize())
+    names = [n.name for n in quantizer.nodes]
+    alone = {name: error(quantizer.quantize([name])) for name in names}
+    worst = min(alone, key=alone.__getitem__)
+    worst_in_bf16 = error(quantizer.quantize([worst], bf16=True))
+    all_in_bf16 = error(quantizer.quantize(names, bf16=True))
+    quantizer.float_outputs = False
+    assert alone[worst] < worst_in_bf16 < everything  # bf16 rounds the operands: a little worse
+    assert all_in_bf16 > 0
+
+    # A budget the worst operator holds in bf16: it returns to bf16, its operands rounded in the model.
+    budget = AccuracyBudget(max_relative_error=(worst_in_bf16 + everything) / 2)
+    path, report = control_accuracy(quantizer, calibration, budget, evaluate, ["y"], bf16=True)
+    assert report.within_budget and report.returned_precision == "bf16"
+    assert report.after.relative_error["y"] == pytest.approx(worst_in_bf16)
+    assert len(report.returned) == 1 and report.precision[worst] == "bf16"
+    assert _quantized_weights(path) == set(names) - {worst}
+    casts = [n for n in onnx.load(str(path)).graph.node if n.op_type == "Cast"]
+    assert len(casts) == 4  # the worst operator's data and weight, each to bf16 and back
+
+    # A budget no mix of int8 and bf16 holds: the operators return to float32 instead.
+    quantizer.float_outputs = False
+    strict = AccuracyBudget(max_relative_error=all_in_bf16 / 2)
+    path, report = control_accuracy(quantizer, calibration, strict, evaluate, ["y"], bf16=True)
+    assert report.within_budget and report.returned_precision == "float32"
+    assert set(report.precision.values()) == {"float32"} and report.after.relative_error["y"] == 0.0
+    assert not any(n.op_type == "Cast" for n in onnx.load(str(path)).graph.node)

@@ -62,12 +62,14 @@ class QuantizationReport:
     before: QuantizationMetric
     after: QuantizationMetric
     within_budget: bool
-    returned: tuple[str, ...]  # "Conv_3 (Conv 64x64x3x3)": returned to float32, worst first
-    precision: dict[str, str]  # node name -> "int8" | "float32"
+    returned: tuple[str, ...]  # "Conv_3 (Conv 64x64x3x3)": returned from int8, worst first
+    precision: dict[str, str]  # node name -> "int8" | "bf16" | "float32"
     #: The weights' bits: 8, or 7 on CPUs without VNNI (vpmaddubsw is exact on them there).
     weight_bits: int = 8
     #: Whether the cores' outputs stay float (taken when rounding them to 8 bits broke the budget).
     float_outputs: bool = False
+    #: What the returned operators are computed in: bf16 (on CPUs that multiply it natively) or float32.
+    returned_precision: str = "float32"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +84,7 @@ class QuantizationReport:
             "precision": dict(self.precision),
             "weight_bits": self.weight_bits,
             "float_outputs": self.float_outputs,
+            "returned_precision": self.returned_precision,
         }
 
     @classmethod
@@ -98,4 +101,5 @@ class QuantizationReport:
             precision=dict(data.get("precision", {})),
             weight_bits=int(data.get("weight_bits", 8)),
             float_outputs=bool(data.get("float_outputs", False)),
+            returned_precision=str(data.get("returned_precision", "float32")),
         )

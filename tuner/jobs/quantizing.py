@@ -14,6 +14,7 @@ import onnx
 from schedules.vnni import seven_bit_dot
 from tuner.entities import JobSpec, ModelFormat, ModelInfo, QuantizationReport
 from tuner.passes.plan import GraphPlan
+from tuner.passes.precision import native_bf16
 from tuner.quantization.accuracy_control import control_accuracy
 from tuner.quantization.calibration import CalibrationSet
 from tuner.quantization.calibration_files import check_int8_model, job_calibration, job_inputs
@@ -34,7 +35,7 @@ def with_int8_choice(plan: GraphPlan, policy: str, report: QuantizationReport) -
     held = "within" if report.within_budget else "NOT within"
     choice = (
         f"{policy}: int8 ({report.weight_bits}-bit weights{', float core outputs' if report.float_outputs else ''}) from {report.samples} ({report.method} calibration): {ints} of "
-        f"{len(report.precision)} convolutions/matmuls in int8, {len(report.returned)} returned to float32, "
+        f"{len(report.precision)} convolutions/matmuls in int8, {len(report.returned)} returned to {report.returned_precision}, "
         f"{held} the accuracy budget"
     )
     fusion = dataclasses.replace(plan.fusion, precision="int8", precision_choice=choice)
@@ -59,7 +60,8 @@ def quantize_model(
         float_path = onnx_from_program(float_path, workdir / "exported.onnx", input_names=names)
     # Without VNNI, 7-bit weights put the kernels on vpmaddubsw, exact on them and twice as fast as the
     # int16 products full 8-bit weights need there; the accuracy control judges what they cost.
-    seven_bits = seven_bit_dot(to_tvm_target(spec.target)) is not None
+    target = to_tvm_target(spec.target)
+    seven_bits = seven_bit_dot(target) is not None
     quantizer = StaticQuantizer(
         onnx.load(str(float_path)),
         calibration.calibration,
@@ -68,7 +70,11 @@ def quantize_model(
         weight_bits=7 if seven_bits else 8,
     )
     outputs = [o.name for o in quantizer.model.graph.output]
-    return control_accuracy(quantizer, calibration, spec.accuracy_budget, _evaluator(calibration), outputs)
+    # Operators the budget returns from int8 go to bf16 where the CPU multiplies it natively.
+    bf16 = bool(native_bf16(target))
+    return control_accuracy(
+        quantizer, calibration, spec.accuracy_budget, _evaluator(calibration), outputs, bf16=bf16
+    )
 
 
 def _evaluator(calibration: CalibrationSet) -> Callable[[Path], list[list[np.ndarray]]]:

@@ -17,7 +17,13 @@ from tuner.passes.guarded import SkippedPasses, guarded
 from tuner.passes.int8_packing import VnniReport, keep_packed_layouts, pack_for_vnni
 from tuner.passes.layout_conversion import convert_layout
 from tuner.passes.levels import LevelRecorder, kernel_calls, operator_histogram, recording_levels
-from tuner.passes.precision import PrecisionReport, auto_precision, precision_compute, reduce_precision
+from tuner.passes.precision import (
+    PrecisionReport,
+    auto_precision,
+    precision_compute,
+    read_bf16_round_trips,
+    reduce_precision,
+)
 from tuner.passes.qdq_lowering import QuantReport, lower_qdq
 from tuner.passes.qdq_tables import lookups_as_elementwise, tabulate_qdq_chains
 from tuner.passes.tile_rewrite import tile_as_broadcast
@@ -100,6 +106,10 @@ def inference_passes(
             guard(elementwise_as_operators(), "activations as operators"),
             guard(lower_qdq(quant_report), "quantized operators in integers", quant_report),
             guard(tabulate_qdq_chains(quant_report), "quantized activations as tables", quant_report),
+            # Before the layout moves the casts: a model's own bf16 rounding, read as bf16 operands.
+            guard(
+                read_bf16_round_trips(precision_report), "bf16 round trips as bf16 operands", precision_report
+            ),
             *layout,
             guard(reduce_precision(precision, precision_report), f"precision {precision}", precision_report),
             guard(relax.transform.DecomposeOpsForInference(), "inference decompositions"),
@@ -193,8 +203,10 @@ def plan_graph(
     )
     reduced = PrecisionReport()
     amx_bf16, dot_bf16 = cpu and has_amx_bf16(target), cpu and has_avx512_bf16(target)
+    # bf16 cores come from the bf16 policy, or from a model that rounds operands to bf16 itself (a
+    # quantized model's operators returned to bf16): any policy but fp16 may have them.
     bf16 = (
-        Bf16AmxReport(amx=amx_bf16, dot=dot_bf16) if precision == "bf16" and (amx_bf16 or dot_bf16) else None
+        Bf16AmxReport(amx=amx_bf16, dot=dot_bf16) if precision != "fp16" and (amx_bf16 or dot_bf16) else None
     )
     skipped = SkippedPasses()
     recorder = LevelRecorder() if record_levels else None
@@ -216,7 +228,7 @@ def plan_graph(
     on_dot = bf16.dot_packed if bf16 is not None else []
     dot_convolutions = bf16.dot_convolutions if bf16 is not None else []
     compute = precision_compute(
-        precision if reduced.reduced else "as-is",
+        ("bf16" if precision in ("as-is", "int8") else precision) if reduced.reduced else "as-is",
         target,
         len(reduced.reduced),
         len(on_amx),

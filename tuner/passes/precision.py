@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from kiln_tvm import Target, relax, tvm
 from schedules.amx import has_amx_bf16
 from schedules.vnni import has_avx512_bf16
@@ -120,24 +122,41 @@ def reduce_precision(policy: str, report: PrecisionReport | None = None) -> tvm.
     return rewrite
 
 
+_Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
+
 #: The operators whose operands are cast (each rebuilt on the cast operands with an fp32 result).
 _REDUCED_OPS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 
 
-@relax.expr_functor.mutator
-class _ReducingMutator(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, dtype: str, policy: str, report: PrecisionReport) -> None:
-        super().__init__(mod)
-        self.dtype, self.policy, self.report = dtype, policy, report
-        self.ops = {name: tvm.ir.Op.get(name) for name in _REDUCED_OPS}
+def read_bf16_round_trips(report: PrecisionReport | None = None) -> tvm.transform.Pass:
+    """A module pass computing each float32 matmul and convolution whose two operands the model itself
+    rounds to bf16 (ONNX's ``Cast`` to bfloat16 and back, :mod:`tuner.quantization.bf16_operands`; the
+    importer folds a constant weight's round trip into values that bf16 holds exactly) on those bf16
+    values, with float32 accumulation and result: the same numbers, half the operand bytes, and the bf16
+    kernels of :mod:`tuner.passes.bf16_packing` on CPUs that have them. ``report`` collects what it read."""
+    sink = report if report is not None else PrecisionReport()
 
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
+    @tvm.transform.module_pass(opt_level=0, name="KilnReadBf16RoundTrips")
+    def rewrite(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        return rewrite_functions(_RoundTripMutator(mod, sink))
+
+    return rewrite
+
+
+class _CoreRebuilder(relax.PyExprMutator):
+    """Rebuilds a matmul or convolution on low-precision operands with a float32 result."""
+
+    ops = {name: tvm.ir.Op.get(name) for name in _REDUCED_OPS}
+
+    def core_name(self, call: relax.Call) -> str | None:
+        """The core operator ``call`` is, when both its operands are float32."""
         name = next((n for n, op in self.ops.items() if call.op.same_as(op)), None)
         if name is None or not all(_dtype(arg) == "float32" for arg in call.args[:2]):
-            return call
-        a, b = (relax.op.astype(arg, self.dtype) for arg in call.args[:2])
-        self.report.reduced.append(f"{describe_core(call)} -> {self.policy}")
+            return None
+        return name
+
+    @staticmethod
+    def rebuilt(call: relax.Call, name: str, a: relax.Expr, b: relax.Expr) -> relax.Expr:
         if name == "relax.matmul":
             return relax.op.matmul(a, b, out_dtype="float32")
         attrs = call.attrs
@@ -156,6 +175,54 @@ class _ReducingMutator(relax.PyExprMutator):
             out_layout=attrs.out_layout,
             out_dtype="float32",
         )
+
+
+@relax.expr_functor.mutator
+class _ReducingMutator(_CoreRebuilder):
+    def __init__(self, mod: tvm.IRModule, dtype: str, policy: str, report: PrecisionReport) -> None:
+        super().__init__(mod)
+        self.dtype, self.policy, self.report = dtype, policy, report
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        name = self.core_name(call)
+        if name is None:
+            return call
+        a, b = (relax.op.astype(arg, self.dtype) for arg in call.args[:2])
+        self.report.reduced.append(f"{describe_core(call)} -> {self.policy}")
+        return self.rebuilt(call, name, a, b)
+
+
+@relax.expr_functor.mutator
+class _RoundTripMutator(_CoreRebuilder):
+    def __init__(self, mod: tvm.IRModule, report: PrecisionReport) -> None:
+        super().__init__(mod)
+        self.report = report
+        self.astype = tvm.ir.Op.get("relax.astype")
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        name = self.core_name(call)
+        if name is None:
+            return call
+        a, b = (self._bf16_value(arg) for arg in call.args[:2])
+        if a is None or b is None:
+            return call
+        self.report.reduced.append(f"{describe_core(call)} -> bf16 (rounded so by the model)")
+        return self.rebuilt(call, name, a, b)
+
+    def _bf16_value(self, operand: relax.Expr) -> relax.Expr | None:
+        """``operand`` as the bf16 tensor it holds: the narrow side of a round trip, or a constant whose
+        values bf16 holds exactly, cast; None for anything else."""
+        value = self.lookup_binding(operand) if isinstance(operand, relax.Var) else operand
+        if isinstance(value, _Constant):
+            data = value.value.numpy()
+            exact = data.dtype == np.float32 and not np.any(data.view(np.uint32) & 0xFFFF)
+            return relax.op.astype(value, "bfloat16") if exact else None
+        if isinstance(value, relax.Call) and value.op.same_as(self.astype):
+            narrow = value.args[0]
+            return narrow if _dtype(narrow) == "bfloat16" else None
+        return None
 
 
 def _dtype(expr: relax.Expr) -> str:

@@ -20,7 +20,10 @@ form), it is quantized again with them left in float (:mod:`tuner.quantization.o
 that breaks the budget too, each quantized convolution or matmul is ranked by how
 much the outputs' error shrinks when it alone stays in float (a continuous measure, where the top-1
 share moves in steps of one sample); then they return to float in that order, one at a time, until the
-budget holds (as NNCF's ``quantize_with_accuracy_control`` does, by the metric).
+budget holds (as NNCF's ``quantize_with_accuracy_control`` does, by the metric). On a CPU that multiplies
+bf16 natively, they return to bf16 first (:mod:`tuner.quantization.bf16_operands`: twice float32's rate
+there, a rounding of the operands to 8 significant bits where int8 has a per-tensor scale), and to float32
+only when the budget breaks with every one of them in bf16.
 """
 
 from __future__ import annotations
@@ -88,10 +91,13 @@ def control_accuracy(
     budget: AccuracyBudget,
     evaluate: Evaluator,
     output_names: Sequence[str],
+    *,
+    bf16: bool = False,
 ) -> tuple[Path, QuantizationReport]:
     """The QDQ model that holds ``budget`` (``evaluate`` runs a model on the validation samples; the float
     model first), with its report: the metric with every operator in int8 and at the end, what returned
-    to float and why, and each operator's precision."""
+    to float and why, and each operator's precision. With ``bf16`` (a CPU that multiplies bf16 natively),
+    operators return to bf16 first, and to float32 only when the budget breaks with all of them in bf16."""
     floats = evaluate(quantizer.float_path)
     classifier = [
         is_classifier_output(out) or name in quantizer.class_scores
@@ -103,7 +109,7 @@ def control_accuracy(
 
     first = quantizer.quantize()
     before = measure(first)
-    path, after, returned = first, before, []
+    path, after, returned, returned_to = first, before, list[str](), "float32"
     if not within(before, budget, classifier) and not quantizer.float_outputs:
         # The faster form broke the budget: the cores' outputs left in float, before any returns.
         quantizer.float_outputs = True
@@ -111,10 +117,14 @@ def control_accuracy(
         after = measure(path)
     if not within(after, budget, classifier):
         order = _sensitivity(quantizer, after, measure)
-        for node in order:
-            returned.append(node)
-            path = quantizer.quantize(returned)
-            after = measure(path)
+        for returned_to in ("bf16", "float32") if bf16 else ("float32",):
+            returned = []
+            for node in order:
+                returned.append(node)
+                path = quantizer.quantize(returned, bf16=returned_to == "bf16")
+                after = measure(path)
+                if within(after, budget, classifier):
+                    break
             if within(after, budget, classifier):
                 break
     kept = set(returned)
@@ -127,9 +137,10 @@ def control_accuracy(
         after=after,
         within_budget=within(after, budget, classifier),
         returned=tuple(n.describe() for n in quantizer.nodes if n.name in kept),
-        precision={n.name: ("float32" if n.name in kept else "int8") for n in quantizer.nodes},
+        precision={n.name: (returned_to if n.name in kept else "int8") for n in quantizer.nodes},
         weight_bits=quantizer.weight_bits,
         float_outputs=quantizer.float_outputs,
+        returned_precision=returned_to,
     )
     return path, report
 

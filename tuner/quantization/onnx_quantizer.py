@@ -37,6 +37,7 @@ import onnx
 
 from tuner.entities.job import CALIBRATION_METHODS as METHODS
 from tuner.errors import InvalidSpec
+from tuner.quantization.bf16_operands import with_bf16_operands
 
 #: The calibration methods a job may ask for, by the name onnxruntime's ``CalibrationMethod`` gives them.
 CALIBRATION_METHODS = dict(zip(METHODS, ("MinMax", "Percentile", "Entropy"), strict=True))
@@ -197,9 +198,18 @@ class StaticQuantizer:
         self.float_outputs = False
         self._count = 0
 
-    def quantize(self, keep_float: Sequence[str] = ()) -> Path:
+    def quantize(self, keep_float: Sequence[str] = (), *, bf16: bool = False) -> Path:
         """The QDQ model with every quantizable node but those named in ``keep_float`` in int8 (a new
-        file in the work directory)."""
+        file in the work directory); with ``bf16``, those are computed on bf16-rounded operands
+        (:mod:`tuner.quantization.bf16_operands`), else in float32."""
+        path = self._quantized(keep_float)
+        if not (bf16 and keep_float):
+            return path
+        out = self.workdir / f"{path.stem}_bf16.onnx"
+        onnx.save(with_bf16_operands(onnx.load(str(path)), set(keep_float)), out)
+        return out
+
+    def _quantized(self, keep_float: Sequence[str]) -> Path:
         from onnxruntime import quantization as q
 
         quantized = [n.name for n in self.nodes if n.name not in set(keep_float)]

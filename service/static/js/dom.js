@@ -156,13 +156,15 @@ export function skippedPassesNote(fusion) {
 // (under auto, what it chose and why; null for as-is).
 export function precisionNote(fusion) {
   const choice = fusion.precision_choice ? h("p", { id: "precision-choice" }, fusion.precision_choice) : null;
-  if (!fusion.precision || fusion.precision === "as-is") return choice;
   const reduced = fusion.reduced_ops || [];
+  if ((!fusion.precision || fusion.precision === "as-is") && !reduced.length) return choice;
+  // Under as-is and int8, bf16 operands are the model's own rounding (operators returned to bf16).
+  const low = ["bf16", "fp16"].includes(fusion.precision) ? fusion.precision : "bf16";
   const onAvx512Bf16 = [...(fusion.avx512_bf16_matmuls || []), ...(fusion.avx512_bf16_convolutions || [])];
   if (!reduced.length) return h("p", { id: "precision" }, `Precision ${fusion.precision}: no float matmul or convolution to reduce.`);
   return h("div", { class: "precision", id: "precision" },
     choice,
-    h("p", {}, `Precision ${fusion.precision}: ${reduced.length} matmul/convolution${reduced.length === 1 ? "" : "s"} on ${fusion.precision} operands with fp32 accumulation, `
+    h("p", {}, `Precision ${fusion.precision}: ${reduced.length} matmul/convolution${reduced.length === 1 ? "" : "s"} on ${low} operands with fp32 accumulation, `
       + `${fusion.precision_compute}: ${fusion.precision_note}`),
     h("ul", {}, reduced.map((op) => h("li", {}, op))),
     (fusion.amx_bf16_matmuls || []).length

@@ -120,7 +120,7 @@ function accuracyTable(accuracy) {
 }
 
 // precision int8: how Kiln quantized the float model: the samples, the budget, the metric with every
-// operator in int8 and as compiled, what returned to float32, and each operator's precision.
+// operator in int8 and as compiled, what returned to bf16 or float32, and each operator's precision.
 function quantizationTable(q) {
   if (!q) return null;
   const metric = (m) => [
@@ -136,7 +136,7 @@ function quantizationTable(q) {
       h("tbody", {},
         h("tr", {}, h("th", {}, "All int8"), h("td", {}, metric(q.before))),
         h("tr", {}, h("th", {}, "As compiled"), h("td", {}, metric(q.after))),
-        h("tr", {}, h("th", {}, "Returned to float32"), h("td", { id: "returned" }, q.returned.length ? q.returned.join(", ") : "none")))),
+        h("tr", {}, h("th", {}, `Returned to ${q.returned_precision || "float32"}`), h("td", { id: "returned" }, q.returned.length ? q.returned.join(", ") : "none")))),
     h("details", {}, h("summary", {}, "Precision of each operator"),
       h("table", { id: "precision-map" }, h("tbody", {}, Object.entries(q.precision).map(([name, p]) => h("tr", {}, h("td", {}, name), h("td", {}, p)))))));
 }

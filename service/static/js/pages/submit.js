@@ -105,7 +105,7 @@ function jobForm() {
     auto: "auto: int8 when you give calibration inputs (within the accuracy budget); else bf16 where this CPU multiplies it natively and the outputs stay within its tolerance; else the model's own.",
     bf16: "bf16: matmuls and convolutions on bf16 operands, fp32 accumulation, checked against the float32 model.",
     fp16: "fp16: matmuls and convolutions on fp16 operands, fp32 accumulation, checked against the float32 model.",
-    int8: "int8: the float ONNX model quantized (u8 activations, per-channel s8 weights) on your calibration inputs; operators that break the accuracy budget return to float32.",
+    int8: "int8: the float ONNX model quantized (u8 activations, per-channel s8 weights) on your calibration inputs; operators that break the accuracy budget return to bf16 where this CPU multiplies it natively, else float32.",
   };
   const precisionLine = h("p", { class: "hint", id: "precision-line" }, PRECISION_LINES.auto);
   const calibration = h("input", { type: "file", id: "calibration-file", accept: ".npz" });
