@@ -396,6 +396,17 @@ def print_quantization(q: QuantizationReport) -> None:
     )
     for node in q.returned:
         console.print(f"  returned to {q.returned_precision}: {node}", highlight=False)
+    for node in q.returned_for_speed:
+        console.print(f"  returned to {q.returned_precision}, no faster in int8: {node}", highlight=False)
+    if q.speeds:
+        faster = sum(1 for speed in q.speeds if speed.chosen == "int8")
+        console.print(
+            f"  timed alone: {faster} of {len(q.speeds)} operators faster in int8 than in "
+            f"{q.speeds[0].other}",
+            highlight=False,
+        )
+    if q.speed_note:
+        console.print(f"  {q.speed_note}", highlight=False)
 
 
 def print_tuning_time(job: Job) -> None:

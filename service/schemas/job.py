@@ -219,6 +219,14 @@ class AccuracyBudgetOut(EntityOut):
     max_relative_error: float
 
 
+class CoreSpeedOut(EntityOut):
+    name: str = Field(description="The operator's node name")
+    int8_ms: float = Field(description="Its kernel alone in int8 on the job's CPU (untuned schedules), ms")
+    other: str = Field(description="The precision it would return to: bf16 or float32")
+    other_ms: float = Field(description="Its kernel alone in that precision, ms")
+    chosen: str = Field(description="int8 where it is faster by more than 5 %, else the other")
+
+
 class QuantizationOut(EntityOut):
     method: str = Field(
         description="How the activations' ranges were calibrated: minmax, percentile, entropy"
@@ -250,6 +258,15 @@ class QuantizationOut(EntityOut):
         description="What the returned operators compute in: bf16 on a CPU that multiplies it natively "
         "(AMX-BF16, AVX512-BF16) when that holds the budget, else float32",
     )
+    speeds: list[CoreSpeedOut] = Field(
+        default_factory=list,
+        description="precision auto: each int8 operator timed alone in int8 and in returned_precision",
+    )
+    returned_for_speed: list[str] = Field(
+        default_factory=list,
+        description="Operators returned from int8 because they were no faster in it (the budget held)",
+    )
+    speed_note: str = Field(default="", description="Why operators were not timed, or what timing left")
 
     @classmethod
     def of(cls, report: QuantizationReport) -> QuantizationOut:
@@ -259,6 +276,8 @@ class QuantizationOut(EntityOut):
             before=QuantizationMetricOut.from_entity(report.before),
             after=QuantizationMetricOut.from_entity(report.after),
             returned=list(report.returned),
+            speeds=[CoreSpeedOut.from_entity(speed) for speed in report.speeds],
+            returned_for_speed=list(report.returned_for_speed),
         )
 
 

@@ -450,3 +450,5 @@ def test_an_int8_job_from_the_form_with_calibration_inputs(
     assert "held" in quantization and page.locator("#synthetic-calibration").count() == 0
     assert page.locator("#returned").inner_text() == "none"
     assert "Returned to float32" in quantization  # the API's returned_precision (bf16 on bf16 CPUs)
+    # int8 by name: no operator is timed against float (auto's per-operator choice), and the page says why.
+    assert "precision int8 was asked for by name" in page.locator("#speed-note").inner_text()

@@ -340,6 +340,7 @@ def test_a_float_model_with_calibration_inputs_becomes_an_int8_artifact(
     with tarfile.open(result.artifact.path, "r:gz") as tar:
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
     assert manifest["quantization"]["from_float"] == q.to_dict()
+    assert q.speeds == () and q.speed_note == "not timed: precision int8 was asked for by name"
     assert manifest["precision"]["policy"] == "int8"
 
     # A budget no int8 operator holds (the bottleneck's output is not a classifier: judged by its
@@ -452,3 +453,35 @@ def test_for_a_bf16_cpu_a_budget_int8_breaks_returns_operators_to_bf16_kernels(
     expected = reference_output(path, x)
     # Exact but for float32 summation order (1.3e-7 measured): the bf16 rounding and the integer sums alike.
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-5
+
+
+def test_auto_keeps_int8_only_where_an_operator_timed_alone_is_faster_in_it(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """precision auto with calibration inputs: each int8 operator is cut out of the model and timed alone
+    in int8 and in float32 (this CPU has no native bf16) on this CPU; those no faster in int8 return to
+    float32 while the budget holds, and the job's kernels follow that map."""
+    from tests.model_builders import build_small_cnn
+    from tuner.quantization.calibration_files import save_calibration
+
+    settings = Settings(data_dir=tmp_path, database_url=None, poly_seeds=2)
+    path = tmp_path / "cnn.onnx"
+    onnx.save(build_small_cnn(batch=2, image_size=16), path)
+    calibration = tmp_path / "inputs.npz"
+    np.savez(calibration, x=np.random.default_rng(4).standard_normal((24, 3, 16, 16)).astype(np.float32))
+    stored = save_calibration(settings, calibration.read_bytes())
+
+    result = run_host_job(sqlite_store, settings, path, trials=4, precision="auto", calibration_id=stored.id)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error
+    q = result.job.accuracy.quantization if result.job.accuracy else None
+    assert q is not None and q.within_budget and q.returned == ()
+    assert [s.name for s in q.speeds] == ["conv1", "conv2", "conv3", "fc"] and q.speed_note == ""
+    assert all(s.int8_ms > 0 and s.other_ms > 0 and s.other == "float32" for s in q.speeds)
+    slower = {s.name for s in q.speeds if s.chosen != "int8"}
+    assert {name.split(" ")[0] for name in q.returned_for_speed} == slower
+    assert {n for n, p in q.precision.items() if p == "float32"} == slower
+    assert q.returned_precision == "float32"
+    # The kernels follow the map: one integer core per operator kept in int8.
+    cores = [op for op in result.fusion.integer_ops if op.startswith(("conv2d", "matmul"))]
+    assert len(cores) == 4 - len(slower), (result.fusion.integer_ops, q.precision)
+    assert "no faster in int8 (timed alone)" in result.fusion.precision_choice

@@ -193,3 +193,39 @@ def test_on_a_bf16_cpu_operators_return_to_bf16_first_and_to_float32_when_bf16_b
     assert report.within_budget and report.returned_precision == "float32"
     assert set(report.precision.values()) == {"float32"} and report.after.relative_error["y"] == 0.0
     assert not any(n.op_type == "Cast" for n in onnx.load(str(path)).graph.node)
+
+
+def test_int8_is_chosen_only_where_it_is_faster_by_more_than_the_margin() -> None:
+    from tuner.entities import CoreSpeed
+
+    assert CoreSpeed("a", 1.0, "float32", 2.0).chosen == "int8"
+    assert CoreSpeed("b", 0.97, "float32", 1.0).chosen == "float32"  # within the noise: the accurate one
+    assert CoreSpeed("c", 2.0, "bf16", 1.0).chosen == "bf16"
+    speed = CoreSpeed("d", 0.5, "bf16", 1.5)
+    assert CoreSpeed.from_dict(speed.to_dict()) == speed and speed.to_dict()["chosen"] == "int8"
+
+
+def test_operators_no_faster_in_int8_return_only_while_the_budget_holds(tmp_path: Path) -> None:
+    """The decision on timings (given here: the timing itself is tested on real kernels in
+    tests/integration/test_int8_pipeline.py)."""
+    from tuner.entities import CoreSpeed
+
+    calibration = synthetic_calibration((TensorSpec("x", (4, 3, 32, 32), "float32"),), samples=16)
+    quantizer = StaticQuantizer(build_small_cnn(batch=4), calibration.calibration, "minmax", tmp_path)
+    seen: list[tuple[list[str], str]] = []
+
+    def fc_slower(qdq: Path, floats: Path, names: list[str], other: str) -> tuple[list[CoreSpeed], str]:
+        seen.append((names, other))
+        return [CoreSpeed(n, 2.0 if n == "fc" else 1.0, other, 1.5) for n in names], ""
+
+    evaluate = _evaluator(calibration)
+    path, report = control_accuracy(
+        quantizer, calibration, AccuracyBudget(), evaluate, ["y"], timer=fc_slower
+    )
+    assert seen == [(["conv1", "conv2", "conv3", "fc"], "float32")]
+    assert report.precision == {"conv1": "int8", "conv2": "int8", "conv3": "int8", "fc": "float32"}
+    assert report.returned == () and report.returned_for_speed == (
+        next(n.describe() for n in quantizer.nodes if n.name == "fc"),
+    )
+    assert _quantized_weights(path) == {"conv1", "conv2", "conv3"} and report.within_budget
+    assert len(report.speeds) == 4 and report.speed_note == ""

@@ -32,7 +32,7 @@ from tuner.entities.plan import (
     TaskInfo,
 )
 from tuner.entities.profile import KernelAssembly, KernelProfile, MachineLimits, ModelProfile, OnnxruntimeNode
-from tuner.entities.quantization import AccuracyBudget, QuantizationMetric, QuantizationReport
+from tuner.entities.quantization import AccuracyBudget, CoreSpeed, QuantizationMetric, QuantizationReport
 from tuner.entities.record import (
     FAILED_RUN_TIME_S,
     BestRecord,
@@ -46,6 +46,7 @@ from tuner.entities.record import (
 )
 
 __all__ = [
+    "CoreSpeed",
     "QuantizationMetric",
     "QuantizationReport",
     "FAILED_RUN_TIME_S",

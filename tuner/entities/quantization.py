@@ -50,6 +50,34 @@ class QuantizationMetric:
         return ", ".join(parts)
 
 
+#: Within this share, an int8 kernel is no faster than the other precision's: timings of one kernel in one
+#: process vary by a few percent, and the other precision (bf16, float32) is the more accurate.
+INT8_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class CoreSpeed:
+    """One quantized operator's kernel timed on the job's CPU in int8 and in the precision it would return
+    to (``other``: bf16 or float32), each built with the schedules Kiln chooses without measuring."""
+
+    name: str  # the operator's node name
+    int8_ms: float
+    other: str
+    other_ms: float
+
+    @property
+    def chosen(self) -> str:
+        """int8 where it is faster by more than :data:`INT8_MARGIN`, else the other, more accurate one."""
+        return "int8" if self.int8_ms < (1 - INT8_MARGIN) * self.other_ms else self.other
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "chosen": self.chosen}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CoreSpeed:
+        return cls(str(data["name"]), float(data["int8_ms"]), str(data["other"]), float(data["other_ms"]))
+
+
 @dataclass(frozen=True)
 class QuantizationReport:
     """How Kiln quantized a float model: calibration, budget, the metric with every operator in int8
@@ -62,7 +90,7 @@ class QuantizationReport:
     before: QuantizationMetric
     after: QuantizationMetric
     within_budget: bool
-    returned: tuple[str, ...]  # "Conv_3 (Conv 64x64x3x3)": returned from int8, worst first
+    returned: tuple[str, ...]  # "Conv_3 (Conv 64x64x3x3)": returned from int8 for the budget, worst first
     precision: dict[str, str]  # node name -> "int8" | "bf16" | "float32"
     #: The weights' bits: 8, or 7 on CPUs without VNNI (vpmaddubsw is exact on them there).
     weight_bits: int = 8
@@ -70,6 +98,12 @@ class QuantizationReport:
     float_outputs: bool = False
     #: What the returned operators are computed in: bf16 (on CPUs that multiply it natively) or float32.
     returned_precision: str = "float32"
+    #: Each int8 operator's kernel timed in int8 and in ``returned_precision`` on the job's CPU...
+    speeds: tuple[CoreSpeed, ...] = ()
+    #: ... the operators returned because they were not faster in int8 (within the budget still)...
+    returned_for_speed: tuple[str, ...] = ()
+    #: ... and what that measurement did or why it did not run ("" when it ran).
+    speed_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +119,9 @@ class QuantizationReport:
             "weight_bits": self.weight_bits,
             "float_outputs": self.float_outputs,
             "returned_precision": self.returned_precision,
+            "speeds": [speed.to_dict() for speed in self.speeds],
+            "returned_for_speed": list(self.returned_for_speed),
+            "speed_note": self.speed_note,
         }
 
     @classmethod
@@ -102,4 +139,7 @@ class QuantizationReport:
             weight_bits=int(data.get("weight_bits", 8)),
             float_outputs=bool(data.get("float_outputs", False)),
             returned_precision=str(data.get("returned_precision", "float32")),
+            speeds=tuple(CoreSpeed.from_dict(d) for d in data.get("speeds", ())),
+            returned_for_speed=tuple(data.get("returned_for_speed", ())),
+            speed_note=str(data.get("speed_note", "")),
         )

@@ -12,16 +12,18 @@ import numpy as np
 import onnx
 
 from schedules.vnni import seven_bit_dot
-from tuner.entities import JobSpec, ModelFormat, ModelInfo, QuantizationReport
+from tuner.entities import CoreSpeed, JobSpec, ModelFormat, ModelInfo, QuantizationReport
+from tuner.jobs.measuring import measuring_caches
 from tuner.passes.plan import GraphPlan
 from tuner.passes.precision import native_bf16
-from tuner.quantization.accuracy_control import control_accuracy
+from tuner.quantization.accuracy_control import CoreTimer, control_accuracy
 from tuner.quantization.calibration import CalibrationSet
 from tuner.quantization.calibration_files import check_int8_model, job_calibration, job_inputs
 from tuner.quantization.onnx_quantizer import StaticQuantizer
 from tuner.quantization.program_export import onnx_from_program
 from tuner.settings import Settings
-from tuner.targets import to_tvm_target
+from tuner.targets import is_host_cpu, to_tvm_target
+from tuner.timing.core_speeds import CoreBuild, time_cores
 
 
 def quantizes(spec: JobSpec) -> bool:
@@ -35,8 +37,9 @@ def with_int8_choice(plan: GraphPlan, policy: str, report: QuantizationReport) -
     held = "within" if report.within_budget else "NOT within"
     choice = (
         f"{policy}: int8 ({report.weight_bits}-bit weights{', float core outputs' if report.float_outputs else ''}) from {report.samples} ({report.method} calibration): {ints} of "
-        f"{len(report.precision)} convolutions/matmuls in int8, {len(report.returned)} returned to {report.returned_precision}, "
-        f"{held} the accuracy budget"
+        f"{len(report.precision)} convolutions/matmuls in int8, {len(report.returned)} returned to "
+        f"{report.returned_precision} for the budget, {len(report.returned_for_speed)} no faster in int8 "
+        f"(timed alone), {held} the accuracy budget"
     )
     fusion = dataclasses.replace(plan.fusion, precision="int8", precision_choice=choice)
     return dataclasses.replace(plan, fusion=fusion)
@@ -72,9 +75,34 @@ def quantize_model(
     outputs = [o.name for o in quantizer.model.graph.output]
     # Operators the budget returns from int8 go to bf16 where the CPU multiplies it natively.
     bf16 = bool(native_bf16(target))
-    return control_accuracy(
-        quantizer, calibration, spec.accuracy_budget, _evaluator(calibration), outputs, bf16=bf16
+    timer, why_not = _core_timer(settings, spec, workdir / "cores")
+    path, report = control_accuracy(
+        quantizer, calibration, spec.accuracy_budget, _evaluator(calibration), outputs, bf16=bf16, timer=timer
     )
+    return path, (dataclasses.replace(report, speed_note=why_not) if why_not else report)
+
+
+def _core_timer(settings: Settings, spec: JobSpec, workdir: Path) -> tuple[CoreTimer | None, str]:
+    """Under ``auto``, what times each int8 operator alone against its bf16/float32 form on this CPU;
+    else None and why not."""
+    if spec.precision != "auto":
+        return None, "not timed: precision int8 was asked for by name"
+    if not is_host_cpu(spec.target):
+        return None, "not timed: the job's target is not this machine's CPU"
+    if settings.core_timing_budget_s <= 0:
+        return None, "not timed: KILN_CORE_TIMING_BUDGET_S is 0"
+    build = CoreBuild(
+        to_tvm_target(spec.target),
+        settings.planning_options("as-is"),
+        measuring_caches(settings, runs_here=True),
+    )
+
+    def timer(qdq: Path, floats: Path, names: list[str], other: str) -> tuple[list[CoreSpeed], str]:
+        return time_cores(
+            qdq, floats, names, other, build, workdir=workdir, budget_s=settings.core_timing_budget_s
+        )
+
+    return timer, ""
 
 
 def _evaluator(calibration: CalibrationSet) -> Callable[[Path], list[list[np.ndarray]]]:

@@ -30,16 +30,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tuner.entities import AccuracyBudget, QuantizationMetric, QuantizationReport
+from tuner.entities import AccuracyBudget, CoreSpeed, QuantizationMetric, QuantizationReport
 from tuner.quantization.calibration import CalibrationSet
 from tuner.quantization.onnx_quantizer import StaticQuantizer
 
 #: Runs an ONNX model on the validation samples: per sample, its outputs.
 Evaluator = Callable[[Path], list[list[np.ndarray]]]
+#: Times int8 operators alone (the QDQ model, the float model, their names, the precision they would
+#: return to): each one's timings, and a note on those not timed (:mod:`tuner.timing.core_speeds`).
+CoreTimer = Callable[[Path, Path, list[str], str], tuple[list[CoreSpeed], str]]
 
 
 def is_classifier_output(value: np.ndarray) -> bool:
@@ -93,11 +97,14 @@ def control_accuracy(
     output_names: Sequence[str],
     *,
     bf16: bool = False,
+    timer: CoreTimer | None = None,
 ) -> tuple[Path, QuantizationReport]:
     """The QDQ model that holds ``budget`` (``evaluate`` runs a model on the validation samples; the float
     model first), with its report: the metric with every operator in int8 and at the end, what returned
     to float and why, and each operator's precision. With ``bf16`` (a CPU that multiplies bf16 natively),
-    operators return to bf16 first, and to float32 only when the budget breaks with all of them in bf16."""
+    operators return to bf16 first, and to float32 only when the budget breaks with all of them in bf16.
+    With ``timer`` (precision auto), the operators left in int8 are timed alone against that other
+    precision, and those no faster in int8 return to it too, when the budget still holds."""
     floats = evaluate(quantizer.float_path)
     classifier = [
         is_classifier_output(out) or name in quantizer.class_scores
@@ -127,7 +134,16 @@ def control_accuracy(
                     break
             if within(after, budget, classifier):
                 break
-    kept = set(returned)
+    other = returned_to if returned else ("bf16" if bf16 else "float32")
+    speed = _SpeedChoice(path, after, [], [], "")
+    ints = [n.name for n in quantizer.nodes if n.name not in set(returned)]
+    if timer is not None and ints:
+        judge = lambda p: _judged(measure(p), budget, classifier)  # noqa: E731
+        speed = _return_slower(quantizer, returned, other, timer, judge=judge, kept=speed)
+    path, after, for_speed = speed.path, speed.after, speed.returned
+    if for_speed:
+        returned_to = other
+    kept = set(returned) | set(for_speed)
     report = QuantizationReport(
         method=quantizer.method,
         samples=calibration.describe(),
@@ -136,13 +152,57 @@ def control_accuracy(
         before=before,
         after=after,
         within_budget=within(after, budget, classifier),
-        returned=tuple(n.describe() for n in quantizer.nodes if n.name in kept),
+        returned=tuple(n.describe() for n in quantizer.nodes if n.name in set(returned)),
         precision={n.name: (returned_to if n.name in kept else "int8") for n in quantizer.nodes},
         weight_bits=quantizer.weight_bits,
         float_outputs=quantizer.float_outputs,
         returned_precision=returned_to,
+        speeds=tuple(speed.speeds),
+        returned_for_speed=tuple(n.describe() for n in quantizer.nodes if n.name in set(for_speed)),
+        speed_note=speed.note,
     )
     return path, report
+
+
+@dataclass(frozen=True)
+class _SpeedChoice:
+    """The model after the operators no faster in int8 returned (or as it was), and what was timed."""
+
+    path: Path
+    after: QuantizationMetric
+    returned: list[str]
+    speeds: list[CoreSpeed]
+    note: str
+
+
+def _judged(
+    metric: QuantizationMetric, budget: AccuracyBudget, classifier: Sequence[bool]
+) -> tuple[QuantizationMetric, bool]:
+    return metric, within(metric, budget, classifier)
+
+
+def _return_slower(
+    quantizer: StaticQuantizer,
+    returned: list[str],
+    other: str,
+    timer: CoreTimer,
+    *,
+    judge: Callable[[Path], tuple[QuantizationMetric, bool]],
+    kept: _SpeedChoice,
+) -> _SpeedChoice:
+    """The int8 operators timed alone against ``other``; those no faster in int8 returned to it, unless
+    that breaks the budget (``judge``: a model's metric and whether it holds), then ``kept`` stays."""
+    ints = [n.name for n in quantizer.nodes if n.name not in set(returned)]
+    speeds, note = timer(kept.path, quantizer.float_path, ints, other)
+    slower = [speed.name for speed in speeds if speed.chosen != "int8"]
+    if not slower:
+        return dataclasses.replace(kept, speeds=speeds, note=note)
+    candidate = quantizer.quantize([*returned, *slower], bf16=other == "bf16")
+    metric, holds = judge(candidate)
+    if holds:
+        return _SpeedChoice(candidate, metric, slower, speeds, note)
+    broke = f"{len(slower)} no faster in int8 kept in int8: returning them broke the budget"
+    return dataclasses.replace(kept, speeds=speeds, note="; ".join(filter(None, [note, broke])))
 
 
 def _sensitivity(

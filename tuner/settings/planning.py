@@ -22,6 +22,13 @@ class PlanningSettings(BaseModel):
         default=True,
         description="CPU: exp, erf, tanh and softmax use TVM's vectorisable approximations",
     )
+    core_timing_budget_s: float = Field(
+        default=120.0,
+        ge=0,
+        le=3600,
+        description="precision auto with calibration inputs: seconds spent timing each int8 operator alone "
+        "against its bf16/float32 form before tuning (operators no faster in int8 return); 0: not timed",
+    )
 
     def planning_options(self, precision: str = "as-is") -> PlanningOptions:
         """These settings as the graph passes take them, for a job under the ``precision`` policy (``int8``

@@ -119,6 +119,20 @@ function accuracyTable(accuracy) {
     quantizationTable(accuracy.quantization));
 }
 
+// precision auto: each int8 operator timed alone in int8 and in the precision it would return to.
+function speedTable(q) {
+  const speeds = q.speeds || [];
+  if (!speeds.length) return q.speed_note ? h("p", { class: "hint", id: "speed-note" }, q.speed_note) : null;
+  const faster = speeds.filter((s) => s.chosen === "int8").length;
+  return h("details", { id: "core-speeds" },
+    h("summary", {}, `Timed alone: ${faster} of ${speeds.length} operators faster in int8 than in ${speeds[0].other}`),
+    q.speed_note ? h("p", { class: "hint" }, q.speed_note) : null,
+    h("table", {},
+      h("thead", {}, h("tr", {}, h("th", {}, "Operator"), h("th", {}, "int8 ms"), h("th", {}, `${speeds[0].other} ms`), h("th", {}, "Chosen"))),
+      h("tbody", {}, speeds.map((s) => h("tr", {},
+        h("td", {}, s.name), h("td", {}, s.int8_ms.toFixed(3)), h("td", {}, s.other_ms.toFixed(3)), h("td", {}, s.chosen))))));
+}
+
 // precision int8: how Kiln quantized the float model: the samples, the budget, the metric with every
 // operator in int8 and as compiled, what returned to bf16 or float32, and each operator's precision.
 function quantizationTable(q) {
@@ -136,7 +150,11 @@ function quantizationTable(q) {
       h("tbody", {},
         h("tr", {}, h("th", {}, "All int8"), h("td", {}, metric(q.before))),
         h("tr", {}, h("th", {}, "As compiled"), h("td", {}, metric(q.after))),
-        h("tr", {}, h("th", {}, `Returned to ${q.returned_precision || "float32"}`), h("td", { id: "returned" }, q.returned.length ? q.returned.join(", ") : "none")))),
+        h("tr", {}, h("th", {}, `Returned to ${q.returned_precision || "float32"}`), h("td", { id: "returned" }, q.returned.length ? q.returned.join(", ") : "none")),
+        (q.returned_for_speed || []).length
+          ? h("tr", {}, h("th", {}, "No faster in int8"), h("td", { id: "returned-for-speed" }, q.returned_for_speed.join(", ")))
+          : null)),
+    speedTable(q),
     h("details", {}, h("summary", {}, "Precision of each operator"),
       h("table", { id: "precision-map" }, h("tbody", {}, Object.entries(q.precision).map(([name, p]) => h("tr", {}, h("td", {}, name), h("td", {}, p)))))));
 }
