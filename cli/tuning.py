@@ -87,8 +87,8 @@ PrecisionOpt = Annotated[
         "the CPU has bf16 instructions and the outputs stay within the bf16 tolerance, else as-is; int8: the "
         "float ONNX model quantized (per-channel weights, activations calibrated on --calibration) within "
         "the accuracy budget, the operators that break it returned to bf16 where the CPU multiplies it "
-        "natively, else float32. Default auto: int8 with "
-        "--calibration, else bf16 or as-is as above",
+        "natively, else float32. Default auto: with --calibration, int8 for each operator that runs "
+        "faster in it (each timed alone on this CPU), else bf16 or as-is as above",
     ),
 ]
 CalibrationOpt = Annotated[

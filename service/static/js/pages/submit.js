@@ -102,7 +102,7 @@ function jobForm() {
     h("option", { value: "int8" }, "int8"));
   const PRECISION_LINES = {
     "as-is": "as-is: the model's own precision.",
-    auto: "auto: int8 when you give calibration inputs (within the accuracy budget); else bf16 where this CPU multiplies it natively and the outputs stay within its tolerance; else the model's own.",
+    auto: "auto: with calibration inputs, int8 for each operator that runs faster in it, within the accuracy budget; else bf16 where this CPU multiplies it natively and the outputs stay within its tolerance; else the model's own.",
     bf16: "bf16: matmuls and convolutions on bf16 operands, fp32 accumulation, checked against the float32 model.",
     fp16: "fp16: matmuls and convolutions on fp16 operands, fp32 accumulation, checked against the float32 model.",
     int8: "int8: the float ONNX model quantized (u8 activations, per-channel s8 weights) on your calibration inputs; operators that break the accuracy budget return to bf16 where this CPU multiplies it natively, else float32.",
