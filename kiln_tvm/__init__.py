@@ -79,6 +79,9 @@ from kiln_tvm.x86_amx import request_amx_permission  # noqa: E402
 
 request_amx_permission()
 
+#: A Relax constant (TVM 0.27 names it ``GenericConst``, its tensor in ``.value``).
+RelaxConstant = tvm.ir.expr.Constant
+
 #: The root of MetaSchedule's loggers (its modules log under their own module names).
 METASCHEDULE_LOGGER = ms.__name__
 
@@ -172,6 +175,7 @@ __all__ = [
     "PopenWorker",
     "RPCServer",
     "RPCTracker",
+    "RelaxConstant",
     "StatusKind",
     "Target",
     "build_worker_func",

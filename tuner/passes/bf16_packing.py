@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import relax, tvm
+from kiln_tvm import RelaxConstant, relax, tvm
 from kiln_tvm.x86_amx import BF16
 from kiln_tvm.x86_bf16 import DPBF16_LANES, DPBF16_PAIR
 from schedules.amx import fits_amx_tiles
@@ -64,7 +64,6 @@ from tuner.passes.qdq_lowering import describe_core
 from tuner.passes.rewrite import rewrite_functions
 from tuner.passes.windowed_gemm import emit_windowed_gemm, pack_windowed_weight, windowed_as_gemm
 
-_Constant = tvm.ir.expr.Constant
 te = tvm.te
 
 
@@ -266,7 +265,7 @@ def batched_matmul_kernel(x: Any, packed: Any, dtype: str, name: str) -> Any:
 
 
 def _constant(expr: relax.Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, _Constant) else None
+    return expr.value.numpy() if isinstance(expr, RelaxConstant) else None
 
 
 def _is_bf16_core(call: relax.Call) -> bool:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import relax, tvm
+from kiln_tvm import RelaxConstant, relax, tvm
 from kiln_tvm.x86_amx import INT8
 from kiln_tvm.x86_vnni import VNNI_DEPTH, VNNI_DOT, VNNI_LANES, IntegerDot
 from schedules.amx import fits_amx_tiles
@@ -43,7 +43,6 @@ from tuner.passes.rewrite import rewrite_functions
 from tuner.passes.windowed_gemm import emit_windowed_gemm, pack_windowed_weight, windowed_as_gemm
 
 te = tvm.te
-_Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
 
 
 @dataclass
@@ -376,7 +375,7 @@ def _is_integer_core(call: relax.Call) -> bool:
 
 
 def _constant(expr: relax.Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, _Constant) else None
+    return expr.value.numpy() if isinstance(expr, RelaxConstant) else None
 
 
 def _block_misfit(

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import Target, relax, tvm
+from kiln_tvm import RelaxConstant, Target, relax, tvm
 from schedules.amx import has_amx_bf16
 from schedules.vnni import has_avx512_bf16
 from tuner.entities.job import check_precision
@@ -122,8 +122,6 @@ def reduce_precision(policy: str, report: PrecisionReport | None = None) -> tvm.
     return rewrite
 
 
-_Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
-
 #: The operators whose operands are cast (each rebuilt on the cast operands with an fp32 result).
 _REDUCED_OPS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 
@@ -215,7 +213,7 @@ class _RoundTripMutator(_CoreRebuilder):
         """``operand`` as the bf16 tensor it holds: the narrow side of a round trip, or a constant whose
         values bf16 holds exactly, cast; None for anything else."""
         value = self.lookup_binding(operand) if isinstance(operand, relax.Var) else operand
-        if isinstance(value, _Constant):
+        if isinstance(value, RelaxConstant):
             data = value.value.numpy()
             exact = data.dtype == np.float32 and not np.any(data.view(np.uint32) & 0xFFFF)
             return relax.op.astype(value, "bfloat16") if exact else None

@@ -36,11 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import relax, tvm
+from kiln_tvm import RelaxConstant, relax, tvm
 from tuner.entities import KeptFloat
 from tuner.passes.rewrite import rewrite_functions
 
-_Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
 _CORE_OPS = ("relax.matmul", "relax.nn.conv2d")
 # relax.clip arrives as maximum/minimum: tuner.passes.elementwise runs first
 _ACTIVATION_OPS = ("relax.nn.relu", "relax.maximum", "relax.minimum")
@@ -279,11 +278,11 @@ class _QDQMutator(relax.PyExprMutator):
         if not (isinstance(expr, relax.Call) and expr.op.same_as(self.dequantize)):
             return None
         data, scale, zero = (self._producer(a) for a in expr.args)
-        if not (isinstance(scale, _Constant) and isinstance(zero, _Constant)):
+        if not (isinstance(scale, RelaxConstant) and isinstance(zero, RelaxConstant)):
             return None
         axis = int(expr.attrs.axis)
         scale_np, zero_np = scale.value.numpy(), zero.value.numpy()
-        if isinstance(data, _Constant):
+        if isinstance(data, RelaxConstant):
             values = data.value.numpy()
             axis = axis % values.ndim
             if permutation is not None:
@@ -317,12 +316,12 @@ class _QDQMutator(relax.PyExprMutator):
         """A constant bias as float32 per output channel (through a reshape and a dequantize), or None."""
         if isinstance(expr, relax.Call) and str(getattr(expr.op, "name", "")) == "relax.reshape":
             expr = self._producer(expr.args[0])
-        if isinstance(expr, _Constant):
+        if isinstance(expr, RelaxConstant):
             values = expr.value.numpy()
             return values.reshape(-1).astype(np.float32) if values.dtype.kind == "f" else None
         if isinstance(expr, relax.Call) and expr.op.same_as(self.dequantize):
             data, scale, zero = (self._producer(a) for a in expr.args)
-            if all(isinstance(a, _Constant) for a in (data, scale, zero)):
+            if all(isinstance(a, RelaxConstant) for a in (data, scale, zero)):
                 ints = data.value.numpy().astype(np.float64)
                 values = (ints - zero.value.numpy().astype(np.float64)) * scale.value.numpy().astype(
                     np.float64
@@ -500,7 +499,7 @@ def _window_sums(builder: Any, core: relax.Call, padded: relax.Expr, weights: np
     return builder.emit(_conv(core, padded, _const(np.ones(ones_shape, np.int8), "int8")))
 
 
-def _const(values: np.ndarray, dtype: str) -> _Constant:
+def _const(values: np.ndarray, dtype: str) -> RelaxConstant:
     return relax.const(np.ascontiguousarray(values).astype(dtype), dtype)
 
 
@@ -509,7 +508,7 @@ def _const(values: np.ndarray, dtype: str) -> _Constant:
 
 
 def _scalar_constant(expr: Any) -> float | None:
-    if isinstance(expr, _Constant) and expr.value.numpy().size == 1:
+    if isinstance(expr, RelaxConstant) and expr.value.numpy().size == 1:
         return float(expr.value.numpy().item())
     return None
 

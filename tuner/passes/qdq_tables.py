@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from kiln_tvm import relax, tvm
+from kiln_tvm import RelaxConstant, relax, tvm
 from tuner.passes.qdq_lowering import QuantReport
 from tuner.passes.rewrite import rewrite_functions
 
-_Constant = tvm.ir.expr.Constant  # a Relax constant (TVM 0.27: GenericConst, its tensor in .value)
 te = tvm.te
 _EIGHT_BIT = ("uint8", "int8")
 #: Marks the lookup kernels: TVM's AnnotateTIROpPattern sees the table read at a computed index as injective,
@@ -251,7 +250,7 @@ class _TableMutator(relax.PyExprMutator):
     def _trace_expr(self, expr: relax.Expr) -> _Trace:
         if isinstance(expr, tvm.tirx.FloatImm | tvm.tirx.IntImm):  # an immediate (relax.clip's bounds)
             return _Trace(value=np.asarray(expr.value))
-        if isinstance(expr, _Constant):
+        if isinstance(expr, RelaxConstant):
             return _Trace(value=expr.value.numpy())
         if not isinstance(expr, relax.Var):
             raise _NotTabulable(type(expr).__name__)
