@@ -23,7 +23,7 @@ from typing import Any
 
 import onnx
 from onnx import shape_inference
-from onnx.utils import extract_model
+from onnx.utils import Extractor
 
 from kiln_tvm import Target
 from schedules.poly.caches import CacheHierarchy
@@ -67,7 +67,18 @@ def time_cores(
     quantized, floats = workdir / "qdq_shapes.onnx", workdir / "float_shapes.onnx"
     shape_inference.infer_shapes_path(str(qdq_path), str(quantized))
     shape_inference.infer_shapes_path(str(float_path), str(floats))
+    try:
+        for path in (quantized, floats):
+            onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:  # no operator can be cut out of it: all stay int8, untimed
+        log.warning("timing operators alone: %s", exc)
+        return (
+            [],
+            f"not timed, kept in int8: the model does not pass onnx's checker ({str(exc).splitlines()[0][:120]})",
+        )
     qdq, float_model = onnx.load(str(quantized)), onnx.load(str(floats))
+    # Each model read and indexed once, whatever the number of operators cut out of it.
+    qdq_cutter, float_cutter = Extractor(qdq), Extractor(float_model)
     producers = {out: node for node in qdq.graph.node for out in node.output}
     float_nodes = {node.name: node for node in float_model.graph.node}
     shapes = _shapes(float_model)
@@ -89,13 +100,14 @@ def time_cores(
                 skipped.append(f"{node.name} (past the {budget_s:.0f} s budget)")
                 continue
             try:
-                int8_model = workdir / "core_int8.onnx"
-                extract_model(str(quantized), str(int8_model), [dequantize.input[0]], [node.output[0]])
-                other_model = workdir / "core_other.onnx"
-                extract_model(str(floats), str(other_model), [source.input[0]], [source.output[0]])
+                int8_model = _cut(qdq_cutter, [dequantize.input[0]], [node.output[0]])
+                other_model = _cut(float_cutter, [source.input[0]], [source.output[0]])
                 if other == "bf16":
-                    onnx.save(with_bf16_operands(onnx.load(str(other_model)), {node.name}), other_model)
-                timed[key] = _time_pair(int8_model, other_model, build)
+                    other_model = with_bf16_operands(other_model, {node.name})
+                int8_path, other_path = workdir / "core_int8.onnx", workdir / "core_other.onnx"
+                onnx.save(int8_model, int8_path)
+                onnx.save(other_model, other_path)
+                timed[key] = _time_pair(int8_path, other_path, build)
             except Exception as exc:  # one operator that cannot be cut out or built stays int8, untimed
                 log.warning("timing %s alone failed: %s", node.name, exc)
                 skipped.append(f"{node.name} (could not be timed alone: {str(exc).splitlines()[0][:120]})")
@@ -104,6 +116,13 @@ def time_cores(
         speeds.append(CoreSpeed(node.name, int8_ms, other, other_ms))
     note = f"not timed, kept in int8: {'; '.join(skipped)}" if skipped else ""
     return speeds, note
+
+
+def _cut(cutter: Extractor, inputs: list[str], outputs: list[str]) -> onnx.ModelProto:
+    """The part of ``cutter``'s model between ``inputs`` and ``outputs``, checked as a model of its own."""
+    part = cutter.extract_model(inputs, outputs)
+    onnx.checker.check_model(part)
+    return part
 
 
 def _time_pair(int8_model: Path, other_model: Path, build: CoreBuild) -> tuple[float, float]:
