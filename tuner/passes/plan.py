@@ -228,7 +228,7 @@ def plan_graph(
     on_dot = bf16.dot_packed if bf16 is not None else []
     dot_convolutions = bf16.dot_convolutions if bf16 is not None else []
     compute = precision_compute(
-        ("bf16" if precision in ("as-is", "int8") else precision) if reduced.reduced else "as-is",
+        ("bf16" if precision == "as-is" else precision) if reduced.reduced else "as-is",
         target,
         len(reduced.reduced),
         len(on_amx),

@@ -136,8 +136,7 @@ def control_accuracy(
                 break
     other = returned_to if returned else ("bf16" if bf16 else "float32")
     speed = _SpeedChoice(path, after, [], [], "")
-    ints = [n.name for n in quantizer.nodes if n.name not in set(returned)]
-    if timer is not None and ints:
+    if timer is not None:
         judge = lambda p: _judged(measure(p), budget, classifier)  # noqa: E731
         speed = _return_slower(quantizer, returned, other, timer, judge=judge, kept=speed)
     path, after, for_speed = speed.path, speed.after, speed.returned
@@ -193,6 +192,8 @@ def _return_slower(
     """The int8 operators timed alone against ``other``; those no faster in int8 returned to it, unless
     that breaks the budget (``judge``: a model's metric and whether it holds), then ``kept`` stays."""
     ints = [n.name for n in quantizer.nodes if n.name not in set(returned)]
+    if not ints:
+        return kept
     speeds, note = timer(kept.path, quantizer.float_path, ints, other)
     slower = [speed.name for speed in speeds if speed.chosen != "int8"]
     if not slower:
