@@ -35,6 +35,7 @@ from kiln_tvm.x86_amx import (
     amx_zero_name,
     register_amx_kind,
 )
+from schedules.isa import isa_profile
 from schedules.vnni import BF16_BLOCK, VNNI_BLOCK, keep_scalar_around_intrinsic
 
 #: Columns of one intrinsic block (two weight tiles: the only width registered).
@@ -50,7 +51,7 @@ _TILING_STRUCTURE = "meta_schedule.tiling_structure"  # set: MetaSchedule's tili
 def _features(target: Target) -> set[str]:
     if target.kind.name != "llvm":
         return set()
-    return {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    return set(isa_profile(target).features)
 
 
 def has_amx_int8(target: Target) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln_tvm import Target, s_tir, tvm
+from schedules.isa import isa_profile
 
 
 def loop_extent(sch: s_tir.Schedule, loop: Any) -> int | None:
@@ -16,11 +17,6 @@ def loop_extent(sch: s_tir.Schedule, loop: Any) -> int | None:
 
 def fp32_lanes(target: Target) -> int:
     """fp32 lanes of the widest vector registers ``target``'s CPU has: 16 with AVX-512, 8 with AVX, else 4
-    (SSE, NEON). Read from the target's own CPU features: LLVM's ``llvm_get_vector_width`` answers 512
-    for ``znver3``, which has no AVX-512."""
-    features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
-    if "avx512f" in features:
-        return 16
-    if "avx" in features:
-        return 8
-    return 4
+    (SSE, NEON). Read from the target's own CPU features (:mod:`schedules.isa`): LLVM's
+    ``llvm_get_vector_width`` answers 512 for ``znver3``, which has no AVX-512."""
+    return isa_profile(target).fp32_lanes

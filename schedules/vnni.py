@@ -26,6 +26,7 @@ from kiln_tvm.x86_vnni import (
     VNNI_LANES,
     IntegerDot,
 )
+from schedules.isa import isa_profile
 
 #: Block annotation of a kernel whose weight is packed for the VNNI intrinsic.
 VNNI_BLOCK = "kiln.vnni_packed"
@@ -43,7 +44,7 @@ def vnni_lanes(target: Target) -> int | None:
     since Alder Lake), None without VNNI."""
     if target.kind.name != "llvm":
         return None
-    features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    features = set(isa_profile(target).features)
     if {"avx512vnni", "avx512f"} <= features:
         return VNNI_LANES
     if "avxvnni" in features:
@@ -60,7 +61,7 @@ def integer_dot(target: Target) -> IntegerDot | None:
         return VNNI_DOT if lanes == VNNI_LANES else AVXVNNI_DOT
     if target.kind.name != "llvm":
         return None
-    features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    features = set(isa_profile(target).features)
     if {"avx512bw", "avx512f"} <= features:
         return AVX512_WORD_DOT
     if "avx2" in features:
@@ -83,7 +84,7 @@ def has_avx512_bf16(target: Target) -> bool:
     """Whether ``target``'s CPU has AVX512-BF16's ``vdpbf16ps`` (Intel since Cooper Lake, AMD since Zen 4)."""
     if target.kind.name != "llvm":
         return False
-    return "avx512bf16" in {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    return "avx512bf16" in set(isa_profile(target).features)
 
 
 def has_vnni(target: Target) -> bool:

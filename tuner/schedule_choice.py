@@ -5,8 +5,9 @@ Unscheduled TIR compiles to serial loops (TVM's untuned baseline is ~100x slower
 ResNet). A kernel without a record therefore takes, in this order: the best record of the nearest-shaped
 workload of its family measured on this target, replayed with its tiles adapted (:mod:`schedules.transfer`),
 a default rule's schedule
-(:mod:`schedules.defaults`: reductions, GEMV, transposes), the polyhedral model's best-ranked tiling
-(:func:`schedules.poly.search.seed_schedules`: matmuls and convolutions), or a sample of MetaSchedule's
+(:mod:`schedules.defaults`: reductions, GEMV, transposes), the analytic register-tiled schedule of a float32
+matmul or convolution (:mod:`schedules.analytic`), the polyhedral model's best-ranked tiling
+(:func:`schedules.poly.search.seed_schedules`: the contractions the analytic rule does not take), or a sample of MetaSchedule's
 design space with its postprocessors applied (elementwise kernels: parallel, vectorised). All of them go
 into one in-memory MetaSchedule database that :func:`tuner.compile.build_tuned` applies, so the compiled
 model is built exactly as a tuned one is.
@@ -20,7 +21,9 @@ from enum import Enum
 from typing import Any
 
 from kiln_tvm import SCHEDULE_ERRORS, Target, ms, physical_core_count, s_tir, structural_hash
+from schedules.analytic import analytic_schedule
 from schedules.defaults import default_schedule
+from schedules.isa import isa_profile
 from schedules.loops import fp32_lanes
 from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import seed_schedules
@@ -41,6 +44,7 @@ class ScheduleSource(str, Enum):
     TUNED = "tuned"  # the best measured record in Kiln's store
     SIMILAR = "similar"  # a measured record of the same operator at other shapes, its tiles adapted
     RULE = "rule"  # a default rule (schedules.defaults)
+    ANALYTIC = "analytic"  # the analytic register-tiled schedule (schedules.analytic), not measured
     POLYHEDRAL_MODEL = "model"  # the polyhedral model's best-ranked tiling, not measured (not the cost model)
     SAMPLED = "sampled"  # a sample of MetaSchedule's design space, not measured
     NONE = "none"  # left unscheduled: serial loops
@@ -130,8 +134,8 @@ def _transferred(
 def untuned_schedule(
     mod: Any, target: Target, task_name: str, caches: CacheHierarchy
 ) -> tuple[ScheduleSource, s_tir.Schedule | None]:
-    """A schedule of a task's module built without measuring: a rule's, the model's best tiling, or a
-    design-space sample (see the module's docstring); ``NONE`` when none applies."""
+    """A schedule of a task's module built without measuring: a rule's, the analytic one, the model's best
+    tiling, or a design-space sample (see the module's docstring); ``NONE`` when none applies."""
     sch = default_schedule(mod, target)
     if sch is not None:
         return ScheduleSource.RULE, sch
@@ -139,6 +143,11 @@ def untuned_schedule(
         return ScheduleSource.NONE, None
     cores = int(target.attrs.get("num-cores", physical_core_count()))
     try:
+        analytic = analytic_schedule(
+            _context(mod, target, task_name, "cpu", caches=caches, cores=cores), isa_profile(target)
+        )
+        if analytic is not None:
+            return ScheduleSource.ANALYTIC, analytic
         poly = _context(mod, target, task_name, "cpu-poly", caches=caches, cores=cores)
         seeds = seed_schedules(poly, MachineModel(fp32_lanes(target), cores, caches), 1, unmeasured=True)
         if seeds:

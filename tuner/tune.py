@@ -16,7 +16,9 @@ from kiln_tvm import (
     ms,
     physical_core_count,
 )
+from schedules.analytic import analytic_schedule
 from schedules.anatomy import argument_bytes, kernel_precision
+from schedules.isa import isa_profile
 from schedules.loops import fp32_lanes
 from schedules.poly.caches import CacheHierarchy
 from schedules.poly.search import PruningStats, seed_schedules
@@ -442,7 +444,7 @@ def _measure_seeds(
 ) -> dict[int, int]:
     """Measure and store each task's seed schedules (a batch per task); returns how many each got.
 
-    A task's first seeds are the best records of the nearest-shaped workloads of its family (the same
+    A task's first seed is its analytic schedule (:mod:`schedules.analytic`) where it has one; then the best records of the nearest-shaped workloads of its family (the same
     operator at other shapes), replayed with their tiles adapted; the polyhedral model's tilings follow.
     Within a trial ``limit``, each task gets at most half of its share of it, so that a small budget still
     measures every task and leaves the search its turn. The ``warm`` tasks get none. No task is seeded
@@ -465,8 +467,10 @@ def _measure_seeds(
         if left is not None and left <= 0:
             break
         wanted = per_task if left is None else min(per_task, left)
-        transferred = _transferred_seeds(tuning.database, context, wanted)
-        schedules = transferred + seed_schedules(context, machine, wanted - len(transferred))
+        analytic = [s for s in [analytic_schedule(context, isa_profile(tuning.target))] if s is not None]
+        transferred = _transferred_seeds(tuning.database, context, wanted - len(analytic))
+        schedules = analytic + transferred
+        schedules += seed_schedules(context, machine, wanted - len(schedules))
         candidates = [(index, tasks[index].dispatched[0], sch) for sch in schedules]
         measure_schedules(
             candidates,

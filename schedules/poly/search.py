@@ -185,8 +185,20 @@ def _reduces_over_one_axis(blocks: list[tuple[TracedTiling, list[Tiling]]]) -> b
     return True
 
 
-def _unrolled_most(trace: Any) -> Any:
+def unrolled_most(trace: Any) -> Any:
     """``trace`` with each explicit-unroll choice set to its largest candidate."""
+    return _unrolled(trace, lambda candidates: max(candidates))
+
+
+def unrolled_to_cover(trace: Any, steps: int) -> Any:
+    """``trace`` with each explicit-unroll choice set to its smallest candidate of at least ``steps`` (its
+    largest when none is that large)."""
+    return _unrolled(
+        trace, lambda candidates: min([c for c in candidates if c >= steps] or [max(candidates)])
+    )
+
+
+def _unrolled(trace: Any, choose: Any) -> Any:
     unroll_vars = {
         inst.inputs[1]
         for inst in trace.insts
@@ -195,7 +207,7 @@ def _unrolled_most(trace: Any) -> Any:
     for inst in trace.insts:
         if inst.kind.name == "SampleCategorical" and inst.outputs and inst.outputs[0] in unroll_vars:
             candidates = [int(c) for c in inst.attrs[0]]
-            trace = trace.with_decision(inst, candidates.index(max(candidates)), True)
+            trace = trace.with_decision(inst, candidates.index(choose(candidates)), True)
     return trace
 
 
@@ -239,7 +251,7 @@ def seed_schedules(
         space, blocks = modelled[rank % len(modelled)]
         if any(rank >= len(ranked) for _, ranked in blocks):
             continue
-        trace = _unrolled_most(space.trace) if one_axis else space.trace
+        trace = unrolled_most(space.trace) if one_axis else space.trace
         for traced, ranked in blocks:
             for inst, factors in zip(traced.instructions, ranked[rank].factors, strict=True):
                 trace = trace.with_decision(inst, list(factors), True)

@@ -438,12 +438,15 @@ class TaskOut(EntityOut):
         "measuring through an RPC tracker `measured_on`, the candidates each server (host:port) measured; "
         "null when there is nothing to say",
     )
-    schedule_source: Literal["tuned", "similar", "rule", "model", "sampled", "none"] | None = Field(
-        default=None,
-        description="Where the schedule compiled into the model came from: tuned (the best measured record), "
-        "similar (the best record of the same operator at the nearest other shape measured on this target, "
-        "its tiles adapted, unmeasured at this shape), rule (a default rule), model (the polyhedral model's best-ranked tiling, unmeasured), sampled (a "
-        "design-space sample, unmeasured) or none (serial loops); null until the job compiled",
+    schedule_source: Literal["tuned", "similar", "rule", "analytic", "model", "sampled", "none"] | None = (
+        Field(
+            default=None,
+            description="Where the schedule compiled into the model came from: tuned (the best measured record), "
+            "similar (the best record of the same operator at the nearest other shape measured on this target, "
+            "its tiles adapted, unmeasured at this shape), rule (a default rule), analytic (the register-tiled schedule of a float32 matmul or convolution sized from "
+            "the CPU's vector registers, unmeasured), model (the polyhedral model's best-ranked tiling, unmeasured), sampled (a "
+            "design-space sample, unmeasured) or none (serial loops); null until the job compiled",
+        )
     )
 
     @classmethod

@@ -90,10 +90,10 @@ def test_captured_cnn_matches_eager_and_no_kernel_is_left_serial(tmp_path: Path,
     report = graph.report
     assert report.frozen is freeze and not report.dynamic
     assert report.kernels and report.tuned == 0  # an empty store: nothing tuned yet
-    # Every kernel gets a schedule (a rule's, the model's best tiling or a design-space sample): none is
-    # compiled as TVM's serial, unscheduled loops.
+    # Every kernel gets a schedule (a rule's, the analytic one, the model's best tiling or a design-space
+    # sample): none is compiled as TVM's serial, unscheduled loops.
     assert all(k.source is not ScheduleSource.NONE for k in report.kernels), report.kernels
-    assert any(k.source is ScheduleSource.POLYHEDRAL_MODEL for k in report.kernels)  # the convolution
+    assert any(k.source is ScheduleSource.ANALYTIC for k in report.kernels)  # the convolution
     if not freeze:  # the weights are read at each call: a change is seen
         with torch.no_grad():
             module[0].weight.mul_(2.0)

@@ -26,6 +26,7 @@ import numpy as np
 
 from kiln_tvm import RelaxConstant, Target, relax, tvm
 from schedules.amx import has_amx_bf16
+from schedules.isa import isa_profile
 from schedules.vnni import has_avx512_bf16
 from tuner.entities.job import check_precision
 from tuner.passes.qdq_lowering import describe_core
@@ -81,7 +82,7 @@ def precision_compute(
         return PrecisionCompute("", "")
     features = set()
     if target.kind.name == "llvm":
-        features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+        features = set(isa_profile(target).features)
     widened = "bf16 values widened to fp32 and multiplied in fp32 (TVM's BF16ComputeLegalize)"
     if policy == "bf16" and (on_amx or on_dot):
         native = [

@@ -29,6 +29,7 @@ import numpy as np
 
 from kiln_tvm import tir_script as T
 from kiln_tvm import tvm
+from schedules.isa import isa_profile
 from tuner.targets import to_tvm_target
 from tuner.timing.peak_timer import REPEATS, rate_timer
 
@@ -127,7 +128,7 @@ def dot_products(features: set[str]) -> dict[str, DotProduct]:
 def target_dot_products(target: dict[str, Any]) -> dict[str, DotProduct]:
     """:func:`dot_products` of a CPU target."""
     tvm_target = to_tvm_target(target)
-    return dot_products({str(f) for f in tvm.target.codegen.llvm_get_cpu_features(tvm_target)})
+    return dot_products(set(isa_profile(tvm_target).features))
 
 
 def peak_ir(dot: DotProduct, chains: int) -> str:

@@ -18,6 +18,7 @@ const SOURCES = {
   tuned: "the best measured record of this kernel on this target",
   similar: "the best record of the same operator at another shape on this target, its tiles adapted to this one; not measured at this shape",
   rule: "a default rule's schedule (reductions, GEMV, transposes), not measured",
+  analytic: "the register-tiled schedule of a float32 matmul or convolution, sized from this CPU's vector registers; not measured",
   model: "the polyhedral model's best-ranked tiling, not measured",
   sampled: "a sample of MetaSchedule's design space, parallel and vectorised, not measured",
   none: "unscheduled: serial loops",
