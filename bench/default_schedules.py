@@ -1,7 +1,17 @@
 """Kiln's default-schedule rules against the kernels unscheduled and dlight's rule, and against the
-machine's measured memory bandwidth.
+machine's measured memory bandwidth; and the analytic schedules of the contractions against the other
+schedules Kiln builds without measuring and against the machine's measured FMA peak.
 
-    .venv/bin/python bench/default_schedules.py
+    .venv/bin/python bench/default_schedules.py [--target JSON] [--only rows|contractions]
+
+The second table: float32 matmuls, a batched matmul and NHWC convolutions at the held-out models' shapes
+(BERT and GPT-2's projections and FFN, attention's scores, ResNet-18's 3x3 convolutions at each stage, its
+7x7 stem and a 1x1 downsampling, ViT's 16x16 patch embedding), each built with Kiln's analytic schedule
+(``schedules/analytic.py``), the polyhedral model's best-ranked tiling and a sample of MetaSchedule's design
+space, and timed the same way. ``% of peak`` is the kernel's FLOPs per second over the fp32 FMA peak
+``kiln machine`` measured on this machine's threads (the roofline of these compute-bound kernels). With
+``--target`` (e.g. ``{"kind":"llvm","mcpu":"haswell","num-cores":2}`` on an AVX-512 machine: the AVX2 path)
+the kernels are built for that CPU instead, which must run here.
 
 Each kernel at the BERT-style encoder's shapes (softmax over 1x4x128x128 attention scores with fast
 math, layer norm over 1x128x256 hidden states, the keys' split into heads transposed for Q.K^T,
@@ -16,16 +26,25 @@ reports.
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from _report import fmt, load_line, start_run, table
 
-from kiln_tvm import dlight, ms, relax, tvm
+from kiln_tvm import dlight, estimate_flops, ms, physical_core_count, relax, tvm
+from schedules.analytic import analytic_schedule
 from schedules.anatomy import argument_bytes
 from schedules.defaults import default_schedule
-from tuner.targets import host_target, to_tvm_target
+from schedules.isa import isa_profile
+from schedules.loops import fp32_lanes
+from schedules.poly.caches import host_caches
+from schedules.poly.search import seed_schedules
+from schedules.poly.tiling import MachineModel
+from tuner.schedule_choice import design_space_sample, task_context
+from tuner.targets import resolve_target, to_tvm_target
 
 KERNELS: dict[str, tuple[tuple[int, ...], Callable[..., Any]]] = {
     "softmax 1x4x128x128": ((1, 4, 128, 128), lambda x: relax.op.nn.softmax(x, axis=-1)),
@@ -66,14 +85,121 @@ def time_us(mod: tvm.IRModule, target: Any) -> tuple[float, np.ndarray]:
         tvm.runtime.tensor(rng.standard_normal([int(d) for d in a.shape]).astype("float32"))
         for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     ]
-    evaluator = lib.mod.time_evaluator("main", tvm.cpu(), number=200, repeat=5)
+    evaluator = lib.mod.time_evaluator("main", tvm.cpu(), number=200, repeat=5, min_repeat_ms=100)
     return float(evaluator(*args).median) * 1e6, args[-1].numpy()
 
 
+CONTRACTIONS: dict[str, tuple[list[tuple[int, ...]], Callable[..., Any]]] = {
+    "matmul 128x768x768 + bias (BERT projection)": (
+        [(1, 128, 768), (768, 768), (768,)],
+        lambda x, w, b: relax.op.add(relax.op.matmul(x, w), b),
+    ),
+    "matmul 128x768x3072 + bias (FFN up)": (
+        [(1, 128, 768), (768, 3072), (3072,)],
+        lambda x, w, b: relax.op.add(relax.op.matmul(x, w), b),
+    ),
+    "matmul 128x3072x768 + bias (FFN down)": (
+        [(1, 128, 3072), (3072, 768), (768,)],
+        lambda x, w, b: relax.op.add(relax.op.matmul(x, w), b),
+    ),
+    "batched matmul 12x128x64x128 (attention scores)": (
+        [(12, 128, 64), (12, 64, 128)],
+        lambda q, k: relax.op.matmul(q, k),
+    ),
+    "conv 3x3 56x56 64->64 NHWC": ([(1, 56, 56, 64), (64, 3, 3, 64)], lambda x, w: _conv(x, w, 1, 1)),
+    "conv 3x3 28x28 128->128 NHWC": ([(1, 28, 28, 128), (128, 3, 3, 128)], lambda x, w: _conv(x, w, 1, 1)),
+    "conv 3x3 14x14 256->256 NHWC": ([(1, 14, 14, 256), (256, 3, 3, 256)], lambda x, w: _conv(x, w, 1, 1)),
+    "conv 3x3 7x7 512->512 NHWC": ([(1, 7, 7, 512), (512, 3, 3, 512)], lambda x, w: _conv(x, w, 1, 1)),
+    "conv 7x7/2 224x224 3->64 NHWC (stem)": (
+        [(1, 224, 224, 3), (64, 7, 7, 3)],
+        lambda x, w: _conv(x, w, 3, 2),
+    ),
+    "conv 1x1/2 56x56 64->128 NHWC": ([(1, 56, 56, 64), (128, 1, 1, 64)], lambda x, w: _conv(x, w, 0, 2)),
+    "conv 16x16/16 224x224 3->384 NHWC (ViT patches)": (
+        [(1, 224, 224, 3), (384, 16, 16, 3)],
+        lambda x, w: _conv(x, w, 0, 16),
+    ),
+}
+
+
+def _conv(x: Any, w: Any, padding: int, stride: int) -> Any:
+    return relax.op.nn.conv2d(x, w, strides=stride, padding=padding, data_layout="NHWC", kernel_layout="OHWI")
+
+
+def contraction_task(shapes: list[tuple[int, ...]], op: Callable[..., Any], target: Any) -> tvm.IRModule:
+    """The one task of ``op`` over float32 inputs of ``shapes``, as Kiln's legalization writes it."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(op(*params)))
+        bb.emit_func_output(out)
+    with target:
+        mod = relax.get_pipeline("zero")(bb.get())
+    (task,) = ms.relax_integration.extract_tasks(mod, target)
+    return task.dispatched[0]
+
+
+def contractions(target: Any, mach: dict[str, Any]) -> None:
+    """Build and time every contraction with each schedule Kiln builds without measuring; print the table."""
+    caches = host_caches()
+    peak = mach["peak_gflops"]
+    rows = []
+    for name, (shapes, op) in CONTRACTIONS.items():
+        mod = contraction_task(shapes, op, target)
+        flops = estimate_flops(mod)
+        context = task_context(mod, target, name, "cpu", caches=caches, cores=physical_core_count())
+        poly = task_context(mod, target, name, "cpu-poly", caches=caches, cores=physical_core_count())
+        machine_model = MachineModel(fp32_lanes(target), physical_core_count(), caches)
+        candidates = [
+            ("analytic", analytic_schedule(context, isa_profile(target))),
+            ("polyhedral model", next(iter(seed_schedules(poly, machine_model, 1, unmeasured=True)), None)),
+            ("design-space sample", design_space_sample(context)),
+        ]
+        reference = None
+        for label, sch in candidates:
+            if sch is None:
+                rows.append([name, label, "does not apply", "", "", ""])
+                continue
+            us, out = time_us(sch.mod, target)
+            reference = out if reference is None else reference
+            rows.append(
+                [
+                    name,
+                    label,
+                    fmt(us, ".1f"),
+                    fmt(flops / us / 1e3, ".1f"),
+                    fmt(100 * flops / us / 1e3 / peak, ".0f"),
+                    fmt(float(np.abs(out - reference).max()), ".1e"),
+                ]
+            )
+        print(f"  {name}: done", file=sys.stderr)
+    print(load_line())
+    print(
+        f"ISA profile: {fp32_lanes(target)} fp32 lanes, {isa_profile(target).vector_registers} vector registers"
+    )
+    print(
+        table(
+            ["kernel", "schedule", "µs", "GFLOP/s", "% of peak", "max abs diff vs the first"],
+            rows,
+        )
+    )
+
+
 def main() -> None:
-    """Build and time every kernel three ways; print the table."""
+    """Build and time every kernel; print the tables."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--target", default=None, help="a target JSON dict (default: this CPU)")
+    parser.add_argument("--only", choices=["rows", "contractions"], default=None)
+    args = parser.parse_args()
     _, _, mach = start_run("default_schedules")
-    target = to_tvm_target(host_target())
+    target = to_tvm_target(resolve_target(args.target or "host"))
+    if args.only != "rows":
+        contractions(target, mach)
+    if args.only == "contractions":
+        return
     rows = []
     for name, (shape, op) in KERNELS.items():
         mod = kernel(shape, op, target)

@@ -5,6 +5,7 @@ store warmed by the other models, side by side with onnxruntime and OpenVINO.
                                            [--warm 0,1m,2m,5m] [--rounds 3] [--quick] [--svg PATH]
     .venv/bin/python bench/time_to_fast.py --report bench/work/time_to_fast-STAMP.json [--svg PATH]
     .venv/bin/python bench/time_to_fast.py --zero-from bench/work/time_to_fast-STAMP.json [--rounds 3]
+    .venv/bin/python bench/time_to_fast.py --zero-cold [--models ...] [--rounds 3] [--quick]
 
 The models (bench/_held_out_models.py) are real architectures built with random weights by transformers'
 constructors: none of them is one of Kiln's own test or bench models.
@@ -24,6 +25,12 @@ precision) run in fresh processes on the same seeded inputs (bench/_timing.py); 
 outputs are checked against onnxruntime's. It prints per model the latency at each checkpoint and the
 ratio onnxruntime ms / Kiln ms (above 1: Kiln is faster), their geometric mean over the models per
 checkpoint, and the share of its last cold latency each checkpoint reached.
+
+``--zero-cold`` builds only the cold zero-trial artifacts, without a job (no store, no verification run):
+each model's as this Kiln builds it, and as it builds it without the analytic schedules
+(:mod:`schedules.analytic`; the polyhedral model's tilings and design-space samples in their place, the
+order of trust before them), with the wall time of each build (import, planning, schedules, compiling);
+then times both beside the peers.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -47,11 +55,12 @@ from _timing import Reps, interleaved, reps_for, save_inputs, time_in_fresh_proc
 
 from cli.durations import format_duration, parse_duration
 from schedules.amx import amx_kinds
+from tuner import schedule_choice
 from tuner.compile import build_tuned, random_inputs
 from tuner.entities import JobSpec, JobStatus
 from tuner.frontend import load_model
 from tuner.jobs.artifact import export_library
-from tuner.jobs.measuring import job_caches
+from tuner.jobs.measuring import job_caches, measuring_caches
 from tuner.jobs.pipeline import run_job
 from tuner.jobs.submission import submit_job
 from tuner.metaschedule.database import KilnDatabase
@@ -184,7 +193,15 @@ def main() -> None:
         type=Path,
         help="rebuild a finished run's 0 s snapshots (cold and warm) with this Kiln and time them again",
     )
+    parser.add_argument(
+        "--zero-cold",
+        action="store_true",
+        help="only the cold zero-trial artifacts, with and without the analytic schedules, built without a job",
+    )
     args = parser.parse_args()
+    if args.zero_cold:
+        _zero_cold(chosen_models(parser, args.models, tuple(MODELS)), reps_for(args.quick, args.rounds))
+        return
     if args.zero_from:
         _zero_again(args.zero_from, reps_for(args.quick, args.rounds))
         return
@@ -281,6 +298,66 @@ def _zero_again(raw_json: Path, reps: Reps) -> None:
     print(f"raw results: {write_json('time_to_fast_zero', run_stamp, meta)}", file=sys.stderr)
 
 
+def _zero_cold(names: list[str], reps: Reps) -> None:
+    """Each model's cold zero-trial artifact with and without the analytic schedules, timed beside the peers."""
+    run_stamp, work, meta = start_run("time_to_fast_zero_cold")
+    print(load_line(), file=sys.stderr)
+    target = to_tvm_target(resolve_target("host"))
+    settings = Settings()
+    caches = measuring_caches(settings, True)
+    results, build_s = [], {}
+    for name in names:
+        onnx_path = export(name, work / "models", SEED)
+        snaps = []
+        for condition, analytic in (("cold", True), (WITHOUT_ANALYTIC, False)):
+            start = time.perf_counter()
+            plan = plan_graph(load_model(onnx_path).mod, target, settings.planning_options("as-is"))
+            with _analytic_rule(analytic):
+                chosen, choices = choose_schedules(plan.tasks, target, None, caches)
+            library = export_library(
+                build_tuned(plan, target, chosen),
+                work / name / f"{condition}-0s.so",
+                amx=bool(amx_kinds(target)),
+            )
+            build_s[f"{name}/{condition}"] = time.perf_counter() - start
+            sources: dict[str, int] = {}
+            for choice in choices:
+                sources[choice.source.value] = sources.get(choice.source.value, 0) + 1
+            print(f"  {name} {condition}: {build_s[f'{name}/{condition}']:.0f} s, {sources}", file=sys.stderr)
+            snaps.append(Snapshot(condition, 0.0, 0, Path(library), sources))
+        results.append(_time_model(name, onnx_path, snaps, {}, work / name, reps))
+    print(report(results, [0.0], [], extra=[WITHOUT_ANALYTIC]))
+    print("\nWall time of each zero-trial build (import, planning, schedules, compiling), s:")
+    print(
+        table(
+            ["model", "with analytic", "without"],
+            [
+                [n, fmt(build_s.get(f"{n}/cold"), ".0f"), fmt(build_s.get(f"{n}/{WITHOUT_ANALYTIC}"), ".0f")]
+                for n in names
+            ],
+        )
+    )
+    meta.update({"command": command_line(), "results": results, "build_s": build_s})
+    print(f"raw results: {write_json('time_to_fast_zero_cold', run_stamp, meta)}", file=sys.stderr)
+
+
+WITHOUT_ANALYTIC = "no-analytic"
+
+
+@contextmanager
+def _analytic_rule(enabled: bool) -> Iterator[None]:
+    """Within the block, the zero-trial choice with (as Kiln runs) or without the analytic rule."""
+    if enabled:
+        yield
+        return
+    original = schedule_choice.analytic_schedule
+    schedule_choice.analytic_schedule = lambda context, isa: None
+    try:
+        yield
+    finally:
+        schedule_choice.analytic_schedule = original
+
+
 def _time_model(
     name: str, onnx_path: Path, snaps: list[Snapshot], tuning: dict[str, float], work: Path, reps: Reps
 ) -> dict[str, Any]:
@@ -351,10 +428,11 @@ def report(
     cold: list[float],
     warm: list[float],
     failures: dict[str, list[str]] | None = None,
+    extra: list[str] | tuple[str, ...] = (),
 ) -> str:
     """Markdown: latency per model and checkpoint, the ratios' geometric means, the share of the last cold
     latency reached, and the runs that failed."""
-    columns = [("cold", s) for s in cold] + [("warm", s) for s in warm]
+    columns = [("cold", s) for s in cold] + [("warm", s) for s in warm] + [(c, 0.0) for c in extra]
     head = ["model", "onnxruntime ms", "OpenVINO fp32 ms", "OpenVINO default ms"] + [
         f"{c} {format_duration(s)}" for c, s in columns
     ]

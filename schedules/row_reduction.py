@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln_tvm import Target, normalize_prim_func, s_tir
+from kiln_tvm import Target, normalize_prim_func, s_tir, tvm
 from schedules.loops import fp32_lanes, loop_extent
 
 _SPATIAL = 0  # tirx IterVar.DataPar
@@ -27,7 +27,9 @@ def _leading_spatial(dom_kind: str) -> int:
 def row_reduction_schedule(func: Any, target: Target) -> s_tir.Schedule | None:
     """The rule's schedule of ``func``, or None when ``func`` is not a chain of row-wise reductions and
     elementwise blocks ending in an elementwise block (the shape dlight's ``Reduction`` takes), or none
-    of its reductions runs along a vectorizable innermost axis."""
+    of its reductions runs along the innermost axis. A row whose length is no multiple of the vector
+    width (ViT's 197 tokens) is reduced and written scalar, rows in parallel: without this rule ViT's
+    softmax took a design-space sample (see bench/RESULTS.md)."""
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
     if not infos or len(infos) < 2 or not infos[-1].is_injective():
@@ -39,16 +41,20 @@ def row_reduction_schedule(func: Any, target: Target) -> s_tir.Schedule | None:
         return None
     lanes = fp32_lanes(target)
     factored: set[str] = set()
+    along_rows = 0
     for info in infos:
         if info.is_injective() or info.iters[-1].kind != "R":
             continue
+        if not _reduces_innermost(sch.get(info.block_rv)):
+            continue
+        along_rows += 1
         extent = loop_extent(sch, info.iters[-1].loop_rv)
         if extent is None or extent % lanes or extent < 2 * lanes:
             continue
         _, lane = sch.split(info.iters[-1].loop_rv, factors=[None, lanes])
         written = sch.get(info.block_rv).writes[0].source
         factored.add(sch.get(sch.rfactor(lane, factor_axis=len(written.shape))).name_hint)
-    if not factored:
+    if not along_rows:
         return None
 
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
@@ -74,11 +80,24 @@ def row_reduction_schedule(func: Any, target: Target) -> s_tir.Schedule | None:
     return sch
 
 
+def _reduces_innermost(block: Any) -> bool:
+    """Whether ``block``'s last (reduction) variable indexes the innermost dimension of what it reads (a
+    row reduction, not a sum over an outer axis such as a global pooling's)."""
+    last = block.iter_vars[-1].var
+    for read in block.reads:
+        index = read.region[-1].min
+        if any(v.same_as(last) for v in tvm.tirx.analysis.undefined_vars(index)):
+            return True
+    return False
+
+
 def _vectorize_innermost(sch: s_tir.Schedule, block: Any, lanes: int) -> None:
     loops = sch.get_loops(block)
     if len(loops) <= 1:
         return
     extent = loop_extent(sch, loops[-1])
+    if extent is not None and extent > lanes and extent % lanes:
+        return  # a split would predicate the vector lanes, which TVM writes out one by one
     if extent is not None and extent > lanes:
         _, vector = sch.split(loops[-1], factors=[None, lanes])
         sch.vectorize(vector)

@@ -123,7 +123,7 @@ def _transferred(
         return ScheduleSource.NONE, None
     cores = int(target.attrs.get("num-cores", physical_core_count())) if target.kind.name == "llvm" else 1
     space = "cpu" if target.kind.name == "llvm" else None
-    context = _context(mod, target, task_name, space, caches=caches, cores=cores)
+    context = task_context(mod, target, task_name, space, caches=caches, cores=cores)
     sch = next(iter(transferred_schedules(family, anchored, context, 1)), None)
     if sch is not None:
         return ScheduleSource.SIMILAR, sch
@@ -144,24 +144,25 @@ def untuned_schedule(
     cores = int(target.attrs.get("num-cores", physical_core_count()))
     try:
         analytic = analytic_schedule(
-            _context(mod, target, task_name, "cpu", caches=caches, cores=cores), isa_profile(target)
+            task_context(mod, target, task_name, "cpu", caches=caches, cores=cores), isa_profile(target)
         )
         if analytic is not None:
             return ScheduleSource.ANALYTIC, analytic
-        poly = _context(mod, target, task_name, "cpu-poly", caches=caches, cores=cores)
+        poly = task_context(mod, target, task_name, "cpu-poly", caches=caches, cores=cores)
         seeds = seed_schedules(poly, MachineModel(fp32_lanes(target), cores, caches), 1, unmeasured=True)
         if seeds:
             return ScheduleSource.POLYHEDRAL_MODEL, seeds[0]
-        sampled = _design_space_sample(_context(mod, target, task_name, "cpu", caches=caches, cores=cores))
+        sampled = design_space_sample(task_context(mod, target, task_name, "cpu", caches=caches, cores=cores))
     except Exception as exc:  # noqa: BLE001 - a kernel no generator takes is compiled unscheduled
         log.info("no untuned schedule of %s: %s", task_name, str(exc).splitlines()[0] if str(exc) else exc)
         return ScheduleSource.NONE, None
     return (ScheduleSource.SAMPLED, sampled) if sampled is not None else (ScheduleSource.NONE, None)
 
 
-def _context(
+def task_context(
     mod: Any, target: Target, task_name: str, space: str | None, *, caches: CacheHierarchy, cores: int
 ) -> Any:
+    """A MetaSchedule tune context of one task's module over the schedule space ``space``."""
     return ms.TuneContext(
         mod=mod,
         target=target,
@@ -172,7 +173,7 @@ def _context(
     ).clone()
 
 
-def _design_space_sample(context: Any) -> s_tir.Schedule | None:
+def design_space_sample(context: Any) -> s_tir.Schedule | None:
     """The first design space with its sampled decisions and the postprocessors applied."""
     mod = context.mod
     postprocs = list(context.space_generator.postprocs)

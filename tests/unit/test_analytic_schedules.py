@@ -15,7 +15,7 @@ from schedules.analytic import analytic_schedule, register_tile
 from schedules.isa import IsaProfile, isa_profile
 from schedules.poly.caches import host_caches
 from schedules.poly.search import traced_tilings
-from tuner.schedule_choice import ScheduleSource, _context, untuned_schedule
+from tuner.schedule_choice import ScheduleSource, task_context, untuned_schedule
 from tuner.targets import host_target, to_tvm_target
 
 AVX2 = IsaProfile(frozenset({"avx", "avx2", "fma"}))
@@ -130,7 +130,7 @@ def test_analytic_schedules_build_for_the_other_cpu_classes(cpu: str) -> None:
     for name, columns_per_lanes in expected.items():
         mod = KERNELS[name]()
         sch = analytic_schedule(
-            _context(mod, target, name, "cpu", caches=host_caches(), cores=2), isa_profile(target)
+            task_context(mod, target, name, "cpu", caches=host_caches(), cores=2), isa_profile(target)
         )
         assert sch is not None, (cpu, name)
         text = sch.mod.script()

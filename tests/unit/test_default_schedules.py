@@ -125,3 +125,27 @@ def test_a_rule_that_would_predicate_a_vectorized_loop_is_not_taken(
     gemv = dlight.cpu.GEMV().apply(mod["main"], TARGET, False)
     assert gemv is not None and predicated_under_vectorized(gemv.mod["main"]) is not rule_applies
     assert (default_schedule(mod, TARGET) is not None) is rule_applies
+
+
+def test_a_softmax_over_rows_of_no_whole_vectors_gets_the_row_rule_scalar() -> None:
+    """ViT's attention rows hold 197 scores, a prime: no vector width divides them. The row rule still
+    takes the softmax (rows in parallel, each row reduced and written scalar), where it used to fall to a
+    design-space sample that ran 100x slower, and computes what the unscheduled kernel does."""
+    bb = tvm.relax.BlockBuilder()
+    x = tvm.relax.Var("x", tvm.relax.TensorType((1, 6, 197, 197), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(tvm.relax.op.nn.softmax(x, axis=-1)))
+        bb.emit_func_output(out)
+    with TARGET:
+        lowered = tvm.relax.get_pipeline("zero")(bb.get())
+    (task,) = ms.relax_integration.extract_tasks(lowered, TARGET)
+    mod = task.dispatched[0]
+    sch = row_reduction.row_reduction_schedule(mod["main"], TARGET)
+    assert sch is not None
+    script = sch.mod.script()
+    assert "T.parallel" in script and "T.vectorized" not in script  # no predicated vector lanes
+    assert default_schedule(mod, TARGET) is not None
+    expected, got = _run(mod)[-1], _run(sch.mod)[-1]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=1e-5)
