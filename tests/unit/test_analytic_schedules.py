@@ -148,3 +148,28 @@ def test_a_kernel_without_a_whole_vector_falls_back_to_the_other_schedules() -> 
     _, want = _run(mod)
     _, got = _run(sch.mod)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("mcpu", "lanes", "registers", "amx", "dpbf16"),
+    [
+        ("haswell", 8, 16, False, False),
+        ("znver3", 8, 16, False, False),
+        ("skylake-avx512", 16, 32, False, False),
+        ("znver4", 16, 32, False, True),
+        ("sapphirerapids", 16, 32, True, True),
+    ],
+)
+def test_one_isa_profile_answers_for_every_cpu_class(
+    mcpu: str, lanes: int, registers: int, amx: bool, dpbf16: bool
+) -> None:
+    profile = isa_profile(to_tvm_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2}))
+    assert (profile.fp32_lanes, profile.vector_registers) == (lanes, registers)
+    assert profile.fma and profile.amx_int8 is amx and profile.amx_bf16 is amx
+    assert profile.avx512_bf16 is dpbf16
+    # An explicit feature the CPU name lacks counts (a hypervisor naming an older part).
+    extra = isa_profile(
+        to_tvm_target({"kind": "llvm", "mcpu": "haswell", "mattr": ["+avx512f"], "num-cores": 2})
+    )
+    assert extra.fp32_lanes == 16
+    assert not isa_profile(to_tvm_target({"kind": "cuda"})).features
