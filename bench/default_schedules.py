@@ -80,15 +80,19 @@ def kernel(shape: tuple[int, ...], op: Callable[..., Any], target: Any) -> tvm.I
     return task.dispatched[0]
 
 
-def time_us(mod: tvm.IRModule, target: Any) -> tuple[float, np.ndarray]:
-    """Median µs of one call of the built ``mod``, and its output."""
+def time_us(
+    mod: tvm.IRModule, target: Any, *, number: int = 200, repeat: int = 5, min_repeat_ms: int = 0
+) -> tuple[float, np.ndarray]:
+    """Median µs of one call of the built ``mod`` on seeded random arguments, and its output."""
     lib = tvm.compile(mod, target=target)
     rng = np.random.default_rng(0)
     args = [
         tvm.runtime.tensor(rng.standard_normal([int(d) for d in a.shape]).astype("float32"))
         for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     ]
-    evaluator = lib.mod.time_evaluator("main", tvm.cpu(), number=200, repeat=5, min_repeat_ms=100)
+    evaluator = lib.mod.time_evaluator(
+        "main", tvm.cpu(), number=number, repeat=repeat, min_repeat_ms=min_repeat_ms
+    )
     return float(evaluator(*args).median) * 1e6, args[-1].numpy()
 
 
@@ -171,7 +175,9 @@ def contractions(target: Any, mach: dict[str, Any]) -> None:
             if sch is None:
                 rows.append([name, label, "does not apply", "", ""])
                 continue
-            us = time_once_us(sch.mod, target)
+            # Weights in the layout the schedule rewrote them to: the outputs are not compared (the unit
+            # tests check the values).
+            us, _ = time_us(sch.mod, target, number=1, repeat=7, min_repeat_ms=200)
             rows.append(
                 [
                     name,
@@ -192,19 +198,6 @@ def contractions(target: Any, mach: dict[str, Any]) -> None:
             rows,
         )
     )
-
-
-def time_once_us(mod: tvm.IRModule, target: Any) -> float:
-    """Median µs of one call of the built ``mod`` on random arguments (its weights in the layout the
-    schedule rewrote them to: what the compiled model passes; the values are the unit tests' to check)."""
-    lib = tvm.compile(mod, target=target)
-    rng = np.random.default_rng(0)
-    args = [
-        tvm.runtime.tensor(rng.standard_normal([int(d) for d in a.shape]).astype("float32"))
-        for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    ]
-    evaluator = lib.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=7, min_repeat_ms=200)
-    return float(evaluator(*args).median) * 1e6
 
 
 def main() -> None:

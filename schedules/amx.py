@@ -48,20 +48,14 @@ _AUTO_TENSORIZE_INIT = "meta_schedule.auto_tensorize_init"
 _TILING_STRUCTURE = "meta_schedule.tiling_structure"  # set: MetaSchedule's tiling rules skip the block
 
 
-def _features(target: Target) -> set[str]:
-    if target.kind.name != "llvm":
-        return set()
-    return set(isa_profile(target).features)
-
-
 def has_amx_int8(target: Target) -> bool:
     """Whether ``target``'s CPU has AMX tiles with the int8 multiply (Intel Xeon since Sapphire Rapids)."""
-    return {"amx-tile", "amx-int8"} <= _features(target)
+    return isa_profile(target).amx_int8
 
 
 def has_amx_bf16(target: Target) -> bool:
     """Whether ``target``'s CPU has AMX tiles with the bf16 multiply (Intel Xeon since Sapphire Rapids)."""
-    return {"amx-tile", "amx-bf16"} <= _features(target)
+    return isa_profile(target).amx_bf16
 
 
 def amx_kinds(target: Target) -> list[AmxKind]:

@@ -42,12 +42,10 @@ def vnni_lanes(target: Target) -> int | None:
     """The output lanes of ``target``'s widest VNNI product: 16 with AVX512-VNNI (``vpdpbusd zmm``: Intel
     since Cascade Lake, AMD since Zen 4), 8 with AVX-VNNI alone (``vpdpbusd ymm``, VEX-encoded: Intel
     since Alder Lake), None without VNNI."""
-    if target.kind.name != "llvm":
-        return None
-    features = set(isa_profile(target).features)
-    if {"avx512vnni", "avx512f"} <= features:
+    isa = isa_profile(target)
+    if isa.has("avx512vnni", "avx512f"):
         return VNNI_LANES
-    if "avxvnni" in features:
+    if isa.has("avxvnni"):
         return AVXVNNI_LANES
     return None
 
@@ -59,12 +57,10 @@ def integer_dot(target: Target) -> IntegerDot | None:
     lanes = vnni_lanes(target)
     if lanes is not None:
         return VNNI_DOT if lanes == VNNI_LANES else AVXVNNI_DOT
-    if target.kind.name != "llvm":
-        return None
-    features = set(isa_profile(target).features)
-    if {"avx512bw", "avx512f"} <= features:
+    isa = isa_profile(target)
+    if isa.has("avx512bw", "avx512f"):
         return AVX512_WORD_DOT
-    if "avx2" in features:
+    if isa.has("avx2"):
         return AVX2_WORD_DOT
     return None
 
@@ -82,9 +78,7 @@ def packed_mark(dot: IntegerDot) -> str:
 
 def has_avx512_bf16(target: Target) -> bool:
     """Whether ``target``'s CPU has AVX512-BF16's ``vdpbf16ps`` (Intel since Cooper Lake, AMD since Zen 4)."""
-    if target.kind.name != "llvm":
-        return False
-    return "avx512bf16" in set(isa_profile(target).features)
+    return isa_profile(target).avx512_bf16
 
 
 def has_vnni(target: Target) -> bool:

@@ -143,16 +143,15 @@ def untuned_schedule(
         return ScheduleSource.NONE, None
     cores = int(target.attrs.get("num-cores", physical_core_count()))
     try:
-        analytic = analytic_schedule(
-            task_context(mod, target, task_name, "cpu", caches=caches, cores=cores), isa_profile(target)
-        )
+        cpu = task_context(mod, target, task_name, "cpu", caches=caches, cores=cores)
+        analytic = analytic_schedule(cpu, isa_profile(target))
         if analytic is not None:
             return ScheduleSource.ANALYTIC, analytic
         poly = task_context(mod, target, task_name, "cpu-poly", caches=caches, cores=cores)
         seeds = seed_schedules(poly, MachineModel(fp32_lanes(target), cores, caches), 1, unmeasured=True)
         if seeds:
             return ScheduleSource.POLYHEDRAL_MODEL, seeds[0]
-        sampled = design_space_sample(task_context(mod, target, task_name, "cpu", caches=caches, cores=cores))
+        sampled = design_space_sample(cpu)
     except Exception as exc:  # noqa: BLE001 - a kernel no generator takes is compiled unscheduled
         log.info("no untuned schedule of %s: %s", task_name, str(exc).splitlines()[0] if str(exc) else exc)
         return ScheduleSource.NONE, None

@@ -187,7 +187,7 @@ def _reduces_over_one_axis(blocks: list[tuple[TracedTiling, list[Tiling]]]) -> b
 
 def unrolled_most(trace: Any) -> Any:
     """``trace`` with each explicit-unroll choice set to its largest candidate."""
-    return _unrolled(trace, lambda candidates: max(candidates))
+    return _unrolled(trace, max)
 
 
 def unrolled_to_cover(trace: Any, steps: int) -> Any:

@@ -80,9 +80,7 @@ def precision_compute(
     AVX512-BF16's ``vdpbf16ps``."""
     if policy == "as-is":
         return PrecisionCompute("", "")
-    features = set()
-    if target.kind.name == "llvm":
-        features = set(isa_profile(target).features)
+    features = isa_profile(target).features
     widened = "bf16 values widened to fp32 and multiplied in fp32 (TVM's BF16ComputeLegalize)"
     if policy == "bf16" and (on_amx or on_dot):
         native = [

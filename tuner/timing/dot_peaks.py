@@ -127,8 +127,7 @@ def dot_products(features: set[str]) -> dict[str, DotProduct]:
 
 def target_dot_products(target: dict[str, Any]) -> dict[str, DotProduct]:
     """:func:`dot_products` of a CPU target."""
-    tvm_target = to_tvm_target(target)
-    return dot_products(set(isa_profile(tvm_target).features))
+    return dot_products(set(isa_profile(to_tvm_target(target)).features))
 
 
 def peak_ir(dot: DotProduct, chains: int) -> str:
